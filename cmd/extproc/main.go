@@ -1,0 +1,95 @@
+// Command extproc is the kvpick endpoint picker: an Envoy ext_proc server that routes
+// OpenAI-style requests to the model server most likely to hold the prompt's prefix in its KV
+// cache, without building hot spots.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/runner"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "extproc:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("extproc", flag.ContinueOnError)
+	// Conventional endpoint-picker ports: gateways, charts and scripts rely on them.
+	grpcPort := fs.Int("grpc-port", 9002, "ext_proc gRPC port (also serves gRPC health for the proxy's cluster health check)")
+	healthPort := fs.Int("grpc-health-port", 9003, "gRPC health port (services \"\", liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor)")
+	metricsPort := fs.Int("metrics-port", 9090, "HTTP port for /metrics and /debug/pprof/")
+	configFile := fs.String("config-file", "", "YAML configuration file; empty uses the built-in defaults (config/default.yaml)")
+	endpoints := fs.String("endpoints", "", "static pool as ip:port,ip:port (overrides pool.endpoints in the config file)")
+	secure := fs.Bool("secure-serving", true, "serve ext_proc over TLS (self-signed unless --cert-path is set); false for plaintext")
+	certPath := fs.String("cert-path", "", "directory holding tls.crt and tls.key for --secure-serving")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	printConfig := fs.Bool("print-default-config", false, "print the built-in default configuration and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if *printConfig {
+		_, err := os.Stdout.Write(config.DefaultYAML())
+		return err
+	}
+	for name, p := range map[string]int{"--grpc-port": *grpcPort, "--grpc-health-port": *healthPort, "--metrics-port": *metricsPort} {
+		if p < 0 || p > 65535 {
+			return fmt.Errorf("%s %d: want 0..65535 (0 picks a free port)", name, p)
+		}
+	}
+	var level zapcore.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", *logLevel)
+	}
+	if *certPath != "" && !*secure {
+		return fmt.Errorf("--cert-path is set but --secure-serving=false")
+	}
+	cfg, err := config.Load(*configFile)
+	if err != nil {
+		return err
+	}
+	if *endpoints != "" {
+		cfg.Pool.Endpoints = strings.Split(*endpoints, ",")
+	}
+
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.Sampling = nil // every routing error matters; volume is bounded by requests
+	log, err := zc.Build()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runner.Run(ctx, runner.Options{
+		GRPCAddr:      listenAddr(*grpcPort),
+		HealthAddr:    listenAddr(*healthPort),
+		MetricsAddr:   listenAddr(*metricsPort),
+		Config:        cfg,
+		SecureServing: *secure,
+		CertPath:      *certPath,
+		Log:           log,
+	})
+}
+
+func listenAddr(port int) string { return net.JoinHostPort("", strconv.Itoa(port)) }

@@ -1,0 +1,45 @@
+package extproc
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the server's own Prometheus metrics.
+type Metrics struct {
+	requests *prometheus.CounterVec
+	decision prometheus.Histogram
+	streams  prometheus.Gauge
+}
+
+// NewMetrics registers the server's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpick_requests_total",
+			Help: "Requests by outcome (success: 2xx upstream; upstream_error: other upstream status; " +
+				"rejected: answered by the picker; cancelled: stream ended before a response) and HTTP status.",
+		}, []string{"outcome", "status"}),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvpick_decision_duration_seconds",
+			Help: "Time from the complete request body to the routing decision (parse, hash, match, score, pick).",
+			// 2 µs .. ~130 ms in powers of two: the hot path is microseconds, outliers matter.
+			Buckets: prometheus.ExponentialBuckets(2e-6, 2, 17),
+		}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvpick_open_streams",
+			Help: "ext_proc streams currently open.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.decision, m.streams)
+	return m
+}
+
+func (m *Metrics) observeRequest(outcome string, status int) {
+	s := ""
+	if status != 0 {
+		s = strconv.Itoa(status)
+	}
+	m.requests.WithLabelValues(outcome, s).Inc()
+}

@@ -1,0 +1,497 @@
+// Package extproc is the Envoy ext_proc server: one gRPC stream per HTTP request, in every body
+// mode the proxy may be configured with. It reads the request, asks the router pipeline for an
+// endpoint, answers with the x-gateway-destination-endpoint header and the matching envoy.lb
+// dynamic metadata, and follows the response so that the pipeline learns the outcome.
+// ../shared/docs/protocol.md (in the repository: docs/protocol.md) has the rules it follows.
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvpick/kvpick/pkg/openai"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// Options configure the server.
+type Options struct {
+	// MaxBodyBytes bounds the request body buffered for routing; larger bodies get 413.
+	MaxBodyBytes int64
+	// ChunkBytes bounds each body chunk sent back in FULL_DUPLEX_STREAMED mode.
+	ChunkBytes int
+	// AssumedMode is the body mode assumed for both directions when the proxy sends no
+	// protocol_config (proxies older than Envoy 1.34).
+	AssumedMode filterv3.ProcessingMode_BodySendMode
+	Log         *zap.Logger
+	Metrics     *Metrics // nil: no metrics
+}
+
+// Server implements the ExternalProcessor service.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	pipe *router.Pipeline
+	opt  Options
+	bufs sync.Pool
+	once sync.Once
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// New returns a server that routes with pipe.
+func New(pipe *router.Pipeline, opt Options) (*Server, error) {
+	if opt.MaxBodyBytes <= 0 {
+		return nil, fmt.Errorf("extproc: MaxBodyBytes must be positive")
+	}
+	if opt.ChunkBytes <= 0 {
+		return nil, fmt.Errorf("extproc: ChunkBytes must be positive")
+	}
+	if opt.Log == nil {
+		opt.Log = zap.NewNop()
+	}
+	if opt.AssumedMode == filterv3.ProcessingMode_NONE {
+		opt.AssumedMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	return &Server{pipe: pipe, opt: opt}, nil
+}
+
+// phase is where a stream is in the request's life.
+type phase uint8
+
+const (
+	phaseStart   phase = iota // waiting for request headers
+	phaseHolding              // headers seen; reading the body before routing
+	phaseRouted               // routing sent; remaining request messages pass through
+)
+
+type stream struct {
+	s   *Server
+	srv extprocv3.ExternalProcessor_ProcessServer
+	ctx context.Context
+	log *zap.Logger
+
+	configured    bool
+	reqMode       filterv3.ProcessingMode_BodySendMode
+	respMode      filterv3.ProcessingMode_BodySendMode
+	bodyNoWait    bool // send_body_without_waiting_for_header_response
+	phase         phase
+	req           router.Request
+	body          openai.Request
+	buf           []byte
+	heldChunks    int    // STREAMED: body messages awaiting an answer until routing
+	contentLength string // the request's content-length header, if any
+	generatedID   bool
+
+	decision  router.Decision
+	scheduled bool
+	dest      string
+	status    int    // upstream response status, 0 until response headers
+	outcome   string // for metrics
+	started   time.Time
+}
+
+// Process handles one HTTP request's stream. It returns when the proxy half-closes the stream
+// (status OK), after an ImmediateResponse, or when the stream is cancelled; in every case the
+// request leaves the pipeline's accounting before Process returns.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	st := &stream{s: s, srv: srv, ctx: srv.Context(), log: s.opt.Log, started: time.Now()}
+	if m := s.opt.Metrics; m != nil {
+		m.streams.Inc()
+		defer m.streams.Dec()
+	}
+	defer st.finish()
+	for {
+		msg, err := srv.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			if st.outcome == "" {
+				st.outcome = "cancelled"
+			}
+			if status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				return status.Error(codes.Canceled, "stream cancelled by the proxy")
+			}
+			return err
+		}
+		done, err := st.handle(msg)
+		if err != nil {
+			st.log.Debug("stream send failed", zap.Error(err))
+			if st.outcome == "" {
+				st.outcome = "cancelled"
+			}
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// handle processes one message; done means the stream should end with OK now.
+func (st *stream) handle(msg *extprocv3.ProcessingRequest) (done bool, err error) {
+	if !st.configured {
+		st.configure(msg)
+	}
+	if msg.GetObservabilityMode() {
+		// The proxy ignores answers in observability mode, and routing cannot happen: step
+		// out of the request at once so that nothing is held for it.
+		return true, nil
+	}
+	switch r := msg.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return st.onRequestHeaders(msg, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return st.onRequestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return st.onRequestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return false, st.onResponseHeaders(msg, r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return false, st.onResponseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return false, st.srv.Send(responseTrailersResponse())
+	default:
+		// A message carrying only flow-control fields needs no answer.
+		return false, nil
+	}
+}
+
+// configure reads protocol_config, which only the first message of a stream carries.
+func (st *stream) configure(msg *extprocv3.ProcessingRequest) {
+	st.configured = true
+	pc := msg.GetProtocolConfig()
+	if pc == nil {
+		st.reqMode, st.respMode = st.s.opt.AssumedMode, st.s.opt.AssumedMode
+		return
+	}
+	st.reqMode = pc.GetRequestBodyMode()
+	st.respMode = pc.GetResponseBodyMode()
+	st.bodyNoWait = pc.GetSendBodyWithoutWaitingForHeaderResponse()
+}
+
+func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (bool, error) {
+	if st.phase != phaseStart {
+		return true, st.srv.Send(st.reject(500, "internal_error", "protocol_error", "", "request headers received twice"))
+	}
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.GetKey() {
+		case ":path":
+			st.req.Path = headerValue(hv)
+		case ":method":
+			st.req.Method = headerValue(hv)
+		case RequestIDHeader:
+			st.req.ID = headerValue(hv)
+		case contentLengthHeader:
+			st.contentLength = headerValue(hv)
+		}
+	}
+	if st.req.ID == "" {
+		st.req.ID = newRequestID()
+		st.generatedID = true
+	}
+	st.log = st.s.opt.Log.With(zap.String("request_id", st.req.ID))
+	st.req.Log = st.log
+	st.req.API = openai.APIForPath(st.req.Path)
+	st.req.Subset, st.req.HasSubset = subsetHint(msg.GetMetadataContext())
+
+	switch {
+	case h.GetEndOfStream():
+		// No body: GET, or a POST without one.
+		if st.req.API != openai.APIOther {
+			return true, st.srv.Send(st.reject(400, "invalid_request_error", "missing_body", "",
+				"this endpoint requires a JSON request body"))
+		}
+		return st.routeAtHeaders(false)
+	case st.req.API == openai.APIOther:
+		// Nothing in the body matters for routing: route now and stream the body through.
+		return st.routeAtHeaders(true)
+	}
+	switch st.reqMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		st.phase = phaseHolding
+		return false, nil
+	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		// The proxy waits for this answer before sending the body: answer now, route on the
+		// body answer.
+		st.phase = phaseHolding
+		return false, st.srv.Send(headersResponse(&extprocv3.CommonResponse{}))
+	case filterv3.ProcessingMode_STREAMED:
+		if st.bodyNoWait {
+			st.phase = phaseHolding
+			return false, nil
+		}
+	}
+	// STREAMED without send_body_without_waiting_for_header_response, NONE, or a mode this
+	// version does not know: the body cannot be read before the headers are answered.
+	st.s.once.Do(func() {
+		st.log.Warn("the proxy's body mode does not let the picker read request bodies before routing; "+
+			"routing by load alone (configure FULL_DUPLEX_STREAMED, or BUFFERED)",
+			zap.String("request_body_mode", st.reqMode.String()))
+	})
+	return st.routeAtHeaders(true)
+}
+
+// routeAtHeaders routes without a body and answers the request headers.
+func (st *stream) routeAtHeaders(hasBody bool) (bool, error) {
+	if resp := st.schedule(); resp != nil {
+		return true, st.srv.Send(resp)
+	}
+	st.phase = phaseRouted
+	cl := ""
+	if hasBody && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// The proxy drops content-length in this mode; the body passes unchanged, so restore it.
+		cl = st.contentLength
+	}
+	resp := headersResponse(st.routeCommon(cl))
+	resp.DynamicMetadata = routeMetadata(st.dest)
+	return false, st.srv.Send(resp)
+}
+
+func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
+	switch st.phase {
+	case phaseRouted:
+		return false, st.passRequestBody(b)
+	case phaseStart:
+		return true, st.srv.Send(st.reject(500, "internal_error", "protocol_error", "", "request body before headers"))
+	}
+	switch st.reqMode {
+	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		// The whole (or cut) body in one message, held by the proxy: no copy needed.
+		if int64(len(b.GetBody())) > st.s.opt.MaxBodyBytes {
+			return true, st.srv.Send(st.tooLarge())
+		}
+		partial := st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL && !b.GetEndOfStream()
+		return st.complete(b.GetBody(), b.GetEndOfStream(), partial)
+	}
+	if int64(len(st.buf))+int64(len(b.GetBody())) > st.s.opt.MaxBodyBytes {
+		return true, st.srv.Send(st.tooLarge())
+	}
+	if st.buf == nil {
+		st.buf = st.s.getBuf(st.contentLength, st.s.opt.MaxBodyBytes)
+	}
+	st.buf = append(st.buf, b.GetBody()...)
+	if st.reqMode == filterv3.ProcessingMode_STREAMED {
+		st.heldChunks++
+	}
+	if !b.GetEndOfStream() {
+		return false, nil
+	}
+	return st.complete(st.buf, true, false)
+}
+
+func (st *stream) onRequestTrailers() (bool, error) {
+	if st.phase == phaseHolding {
+		// Trailers end the body.
+		body := st.buf
+		if st.reqMode == filterv3.ProcessingMode_BUFFERED || st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL {
+			body = nil // the proxy sends trailers before a body only when there is none
+		}
+		if done, err := st.complete(body, false, false); done || err != nil {
+			return done, err
+		}
+	}
+	return false, st.srv.Send(requestTrailersResponse())
+}
+
+// complete routes on the whole body and sends every answer the mode requires.
+// eos: the body ended with end_of_stream (not with trailers). partial: the proxy may have cut it.
+func (st *stream) complete(body []byte, eos, partial bool) (bool, error) {
+	start := time.Now()
+	err := openai.Parse(st.req.API, body, &st.body)
+	if err == nil {
+		st.req.Body = &st.body
+		st.req.Model = st.body.Model
+	} else if !partial {
+		var pe *openai.Error
+		if errors.As(err, &pe) {
+			return true, st.srv.Send(st.reject(pe.Status, pe.Type, pe.Code, pe.Param, pe.Message))
+		}
+		return true, st.srv.Send(st.reject(400, "invalid_request_error", "invalid_body", "", err.Error()))
+	}
+	resp := st.schedule()
+	if m := st.s.opt.Metrics; m != nil {
+		m.decision.Observe(time.Since(start).Seconds())
+	}
+	if resp != nil {
+		return true, st.srv.Send(resp)
+	}
+	st.phase = phaseRouted
+	md := routeMetadata(st.dest)
+	switch st.reqMode {
+	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		// Header mutations ride on the body answer in BUFFERED mode; the body is unchanged,
+		// so content-length stays as the client sent it.
+		r := requestBodyResponse(st.routeCommon(""))
+		r.DynamicMetadata = md
+		return false, st.srv.Send(r)
+	case filterv3.ProcessingMode_STREAMED:
+		r := headersResponse(st.routeCommon(strconv.Itoa(len(body))))
+		r.DynamicMetadata = md
+		if err := st.srv.Send(r); err != nil {
+			return false, err
+		}
+		for ; st.heldChunks > 0; st.heldChunks-- {
+			if err := st.srv.Send(requestBodyResponse(&extprocv3.CommonResponse{})); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	}
+	// FULL_DUPLEX_STREAMED: headers answer, then the whole body re-emitted in bounded chunks.
+	r := headersResponse(st.routeCommon(strconv.Itoa(len(body))))
+	r.DynamicMetadata = md
+	if err := st.srv.Send(r); err != nil {
+		return false, err
+	}
+	return false, st.emitBody(body, eos)
+}
+
+// emitBody sends body back in chunks of at most ChunkBytes, end_of_stream on the last one when
+// the input ended with end_of_stream. An empty body is one empty chunk.
+func (st *stream) emitBody(body []byte, eos bool) error {
+	n := st.s.opt.ChunkBytes
+	for off := 0; ; off += n {
+		end := min(off+n, len(body))
+		last := end == len(body)
+		if err := st.srv.Send(requestBodyResponse(streamed(body[off:end], eos && last))); err != nil {
+			return err
+		}
+		if last {
+			return nil
+		}
+	}
+}
+
+// passRequestBody answers a body message after routing: echoed in FULL_DUPLEX_STREAMED, left
+// unchanged otherwise.
+func (st *stream) passRequestBody(b *extprocv3.HttpBody) error {
+	if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.emitBody(b.GetBody(), b.GetEndOfStream())
+	}
+	return st.srv.Send(requestBodyResponse(&extprocv3.CommonResponse{}))
+}
+
+// schedule asks the pipeline for an endpoint; a non-nil result is the ImmediateResponse to send.
+func (st *stream) schedule() *extprocv3.ProcessingResponse {
+	d, err := st.s.pipe.Schedule(st.ctx, &st.req)
+	if err != nil {
+		var re *router.Error
+		if errors.As(err, &re) {
+			st.log.Info("request not routed", zap.Int("status", re.Status), zap.String("reason", re.Message))
+			return st.reject(re.Status, re.Type, re.Code, "", re.Message)
+		}
+		return st.reject(500, "internal_error", "routing_failed", "", err.Error())
+	}
+	st.decision, st.scheduled = d, true
+	st.dest = d.Endpoint.Addr
+	if len(d.Fallbacks) > 0 {
+		var sb strings.Builder
+		sb.WriteString(d.Endpoint.Addr)
+		for _, e := range d.Fallbacks {
+			sb.WriteByte(',')
+			sb.WriteString(e.Addr)
+		}
+		st.dest = sb.String()
+	}
+	if ce := st.log.Check(zap.DebugLevel, "routed"); ce != nil {
+		ce.Write(zap.String("endpoint", st.dest), zap.String("model", st.req.Model),
+			zap.String("path", st.req.Path))
+	}
+	return nil
+}
+
+// routeCommon is the header mutation that carries the decision.
+func (st *stream) routeCommon(contentLength string) *extprocv3.CommonResponse {
+	set := []*corev3.HeaderValueOption{setHeader(DestinationHeader, st.dest)}
+	if contentLength != "" {
+		set = append(set, setHeader(contentLengthHeader, contentLength))
+	}
+	if st.generatedID {
+		set = append(set, setHeader(RequestIDHeader, st.req.ID))
+	}
+	return &extprocv3.CommonResponse{
+		HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set},
+		ClearRouteCache: true,
+	}
+}
+
+func (st *stream) reject(code int, typ, errCode, param, msg string) *extprocv3.ProcessingResponse {
+	st.outcome = "rejected"
+	st.status = code
+	return immediate(code, typ, errCode, param, msg, st.req.ID)
+}
+
+func (st *stream) tooLarge() *extprocv3.ProcessingResponse {
+	return st.reject(413, "invalid_request_error", "request_too_large", "",
+		fmt.Sprintf("request body exceeds the limit of %d bytes", st.s.opt.MaxBodyBytes))
+}
+
+func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	cl := ""
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.GetKey() {
+		case ":status":
+			st.status, _ = strconv.Atoi(headerValue(hv))
+		case contentLengthHeader:
+			cl = headerValue(hv)
+		}
+	}
+	if st.scheduled {
+		st.s.pipe.ResponseHeaders(&st.req, st.decision.Endpoint, servedEndpoint(msg.GetMetadataContext()), st.status)
+	}
+	if st.status >= 200 && st.status <= 299 {
+		st.outcome = "success"
+	} else {
+		st.outcome = "upstream_error"
+	}
+	common := &extprocv3.CommonResponse{}
+	if cl != "" && st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !h.GetEndOfStream() {
+		// The proxy drops content-length in this mode; the body passes unchanged.
+		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+			setHeader(contentLengthHeader, cl),
+		}}
+	}
+	return st.srv.Send(responseHeadersResponse(common))
+}
+
+// onResponseBody passes response chunks on as they come: LLM responses are often SSE streams,
+// and holding them would destroy the client's time to first token.
+func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.srv.Send(responseBodyResponse(streamed(b.GetBody(), b.GetEndOfStream())))
+	}
+	return st.srv.Send(responseBodyResponse(&extprocv3.CommonResponse{}))
+}
+
+// finish runs once the stream is over, however it ended.
+func (st *stream) finish() {
+	if st.scheduled {
+		st.s.pipe.Done(&st.req, st.decision.Endpoint)
+	}
+	// A stream that ended before its request headers (observability mode) is no request.
+	if m := st.s.opt.Metrics; m != nil && (st.phase != phaseStart || st.outcome != "") {
+		out := st.outcome
+		if out == "" {
+			out = "cancelled"
+		}
+		m.observeRequest(out, st.status)
+	}
+	if st.buf != nil {
+		st.s.putBuf(st.buf)
+	}
+	st.body.Reset()
+	st.req.Reset()
+}

@@ -1,0 +1,415 @@
+package prefix
+
+import (
+	"sync"
+)
+
+// Index remembers, per endpoint, which prompt blocks that endpoint has served, in a bounded LRU
+// per endpoint, plus a reverse map from block hash to the endpoints that hold it.
+//
+// Memory: every (endpoint, block) entry is one 32-byte node in a paged slab plus one entry in
+// its endpoint's hash→node map; each distinct block adds one entry in the reverse map. That is
+// ~60-90 bytes per entry in all (docs/benchmarks.md has the measurement), against 100+ bytes
+// for a golang-lru cache alone: the slab links the LRU list and the reverse map's holder list
+// with 32-bit node numbers instead of pointers.
+//
+// Lookups exploit two facts. Block hashes are chained, so holding block i implies having been
+// given blocks 0..i-1 with it; and a request's blocks are inserted tail first, so within an
+// endpoint's LRU a block is never older than any block after it. Hence the set of endpoints that
+// hold block i shrinks as i grows, and the number of holders of block i, read from the reverse
+// map, is a non-increasing step function of i. Match finds its steps by bisection and only looks
+// at holder lists where the count drops: a handful of map lookups per request however many
+// endpoints the pool has.
+type Index struct {
+	mu       sync.RWMutex
+	capacity int               // default per-endpoint capacity in blocks
+	blocks   map[uint64]uint64 // block hash → holder count<<32 | first holder node
+	eps      []*endpointLRU    // by endpoint slot; nil when the slot holds nothing
+	pages    []*[pageSize]node // node slab; node 0 is the nil node
+	hw       uint32            // first never-used node
+	free     uint32            // free-list head, linked through node.next
+	nfree    int
+}
+
+const (
+	pageBits = 12
+	pageSize = 1 << pageBits
+	freeEP   = ^uint32(0) // node.ep of a node on the free list
+)
+
+// node is one (endpoint, block) entry: a link in its endpoint's LRU list and in its block's
+// holder list. Node numbers are uint32: 4 billion entries is far beyond any configured bound.
+type node struct {
+	hash         uint64
+	prev, next   uint32 // endpoint LRU: prev is more recent, next is older
+	sprev, snext uint32 // holders of the same block
+	ep           uint32 // endpoint slot
+}
+
+type endpointLRU struct {
+	head, tail uint32 // head is the most recently used block
+	n          int
+	capacity   int
+	byHash     map[uint64]uint32
+}
+
+// NewIndex returns an index that keeps at most capacity blocks per endpoint.
+func NewIndex(capacity int) *Index {
+	return &Index{
+		capacity: max(capacity, 1),
+		hw:       1,
+		blocks:   make(map[uint64]uint64),
+		pages:    []*[pageSize]node{new([pageSize]node)}, // node 0, the nil node, is never handed out
+	}
+}
+
+func (x *Index) node(i uint32) *node { return &x.pages[i>>pageBits][i&(pageSize-1)] }
+
+func (x *Index) alloc() uint32 {
+	if x.free != 0 {
+		i := x.free
+		x.free = x.node(i).next
+		x.nfree--
+		return i
+	}
+	// Hand out the next never-used node: they sit after the last used one on the last page.
+	i := x.highWater()
+	if int(i)>>pageBits == len(x.pages) {
+		x.pages = append(x.pages, new([pageSize]node))
+	}
+	x.setHighWater(i + 1)
+	return i
+}
+
+func (x *Index) highWater() uint32 { return x.hw }
+
+func (x *Index) setHighWater(hw uint32) { x.hw = hw }
+
+func (x *Index) release(i uint32) {
+	n := x.node(i)
+	*n = node{ep: freeEP, next: x.free}
+	x.free = i
+	x.nfree++
+}
+
+func (x *Index) lru(slot int) *endpointLRU {
+	for slot >= len(x.eps) {
+		x.eps = append(x.eps, nil)
+	}
+	l := x.eps[slot]
+	if l == nil {
+		l = &endpointLRU{capacity: x.capacity, byHash: make(map[uint64]uint32)}
+		x.eps[slot] = l
+	}
+	return l
+}
+
+// SetCapacity bounds one endpoint's LRU, for servers that report their real KV capacity.
+// Entries over the new bound are evicted at once, oldest first.
+func (x *Index) SetCapacity(slot, capacity int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l := x.lru(slot)
+	l.capacity = max(capacity, 1)
+	for l.n > l.capacity {
+		x.evict(l)
+	}
+}
+
+// Insert records that endpoint slot served a prompt with these block hashes. Blocks are
+// inserted tail first, so the head of the prompt, the part most likely shared, is the most
+// recently used and the last to be evicted, as in vLLM's free-block queue.
+func (x *Index) Insert(slot int, hashes []uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.insertLocked(slot, hashes)
+}
+
+// InsertIf is Insert, skipped when keep reports false under the index lock. The prefix plugin
+// uses it so that a commit for an endpoint removed concurrently cannot land after the removal.
+func (x *Index) InsertIf(slot int, hashes []uint64, keep func() bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if keep() {
+		x.insertLocked(slot, hashes)
+	}
+}
+
+func (x *Index) insertLocked(slot int, hashes []uint64) {
+	l := x.lru(slot)
+	// Blocks beyond the capacity would be evicted by the head's own insertion: skip them.
+	if len(hashes) > l.capacity {
+		hashes = hashes[:l.capacity]
+	}
+	for i := len(hashes) - 1; i >= 0; i-- {
+		h := hashes[i]
+		if ni, ok := l.byHash[h]; ok {
+			x.unlinkLRU(l, ni)
+			x.pushFront(l, ni)
+			continue
+		}
+		if l.n >= l.capacity {
+			x.evict(l)
+		}
+		ni := x.alloc()
+		n := x.node(ni)
+		*n = node{hash: h, ep: uint32(slot)}
+		x.pushFront(l, ni)
+		l.byHash[h] = ni
+		l.n++
+		ref := x.blocks[h]
+		first, count := uint32(ref), uint32(ref>>32)
+		n.snext = first
+		if first != 0 {
+			x.node(first).sprev = ni
+		}
+		x.blocks[h] = uint64(count+1)<<32 | uint64(ni)
+	}
+}
+
+func (x *Index) pushFront(l *endpointLRU, ni uint32) {
+	n := x.node(ni)
+	n.prev, n.next = 0, l.head
+	if l.head != 0 {
+		x.node(l.head).prev = ni
+	}
+	l.head = ni
+	if l.tail == 0 {
+		l.tail = ni
+	}
+}
+
+func (x *Index) unlinkLRU(l *endpointLRU, ni uint32) {
+	n := x.node(ni)
+	if n.prev != 0 {
+		x.node(n.prev).next = n.next
+	} else {
+		l.head = n.next
+	}
+	if n.next != 0 {
+		x.node(n.next).prev = n.prev
+	} else {
+		l.tail = n.prev
+	}
+	n.prev, n.next = 0, 0
+}
+
+// evict drops the endpoint's least recently used block.
+func (x *Index) evict(l *endpointLRU) {
+	ni := l.tail
+	if ni == 0 {
+		return
+	}
+	x.drop(l, ni)
+}
+
+// drop removes node ni from its endpoint's LRU, its block's holder list and the slab.
+func (x *Index) drop(l *endpointLRU, ni uint32) {
+	n := x.node(ni)
+	h := n.hash
+	x.unlinkLRU(l, ni)
+	delete(l.byHash, h)
+	l.n--
+	ref := x.blocks[h]
+	first, count := uint32(ref), uint32(ref>>32)
+	if n.sprev != 0 {
+		x.node(n.sprev).snext = n.snext
+	} else {
+		first = n.snext
+	}
+	if n.snext != 0 {
+		x.node(n.snext).sprev = n.sprev
+	}
+	if count <= 1 {
+		delete(x.blocks, h)
+	} else {
+		x.blocks[h] = uint64(count-1)<<32 | uint64(first)
+	}
+	x.release(ni)
+}
+
+// RemoveEndpoint forgets everything the endpoint in slot holds and gives its memory back.
+func (x *Index) RemoveEndpoint(slot int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if slot >= len(x.eps) || x.eps[slot] == nil {
+		return
+	}
+	l := x.eps[slot]
+	for l.tail != 0 {
+		x.drop(l, l.tail)
+	}
+	x.eps[slot] = nil
+	x.compact()
+}
+
+// compact moves live nodes out of the slab's last pages into free nodes further down and
+// drops the emptied pages, so that removing endpoints returns memory instead of leaving a free
+// list the size of the largest pool ever seen.
+func (x *Index) compact() {
+	hw := x.highWater()
+	live := int(hw) - 1 - x.nfree
+	keepPages := (live+1)/pageSize + 1 // pages needed for the live nodes and the nil node
+	if keepPages >= len(x.pages) {
+		return
+	}
+	limit := uint32(keepPages * pageSize)
+	// Split the free list: low nodes stay usable, high nodes vanish with their pages.
+	var low uint32
+	nlow := 0
+	for i := x.free; i != 0; {
+		next := x.node(i).next
+		if i < limit {
+			x.node(i).next = low
+			low = i
+			nlow++
+		}
+		i = next
+	}
+	x.free, x.nfree = low, nlow
+	for i := limit; i < hw; i++ {
+		n := x.node(i)
+		if n.ep == freeEP {
+			continue
+		}
+		dst := x.free
+		x.free = x.node(dst).next
+		x.nfree--
+		x.move(i, dst)
+	}
+	x.pages = x.pages[:keepPages]
+	// Nodes between the last live one and limit are free already; make them never-used again.
+	x.setHighWater(limit)
+	x.rebuildFreeBelow(limit)
+}
+
+// move relocates live node src to free node dst, fixing every reference to it.
+func (x *Index) move(src, dst uint32) {
+	n := *x.node(src)
+	*x.node(dst) = n
+	l := x.eps[n.ep]
+	if n.prev != 0 {
+		x.node(n.prev).next = dst
+	} else {
+		l.head = dst
+	}
+	if n.next != 0 {
+		x.node(n.next).prev = dst
+	} else {
+		l.tail = dst
+	}
+	if n.sprev != 0 {
+		x.node(n.sprev).snext = dst
+	} else {
+		ref := x.blocks[n.hash]
+		x.blocks[n.hash] = ref&^0xffffffff | uint64(dst)
+	}
+	if n.snext != 0 {
+		x.node(n.snext).sprev = dst
+	}
+	l.byHash[n.hash] = dst
+	*x.node(src) = node{ep: freeEP}
+}
+
+// rebuildFreeBelow recounts the free list after compaction (free nodes below the high-water mark).
+func (x *Index) rebuildFreeBelow(hw uint32) {
+	x.free, x.nfree = 0, 0
+	for i := hw - 1; i >= 1; i-- {
+		n := x.node(i)
+		if n.ep == freeEP {
+			n.next = x.free
+			x.free = i
+			x.nfree++
+		}
+	}
+}
+
+// Match writes into lens[slot], for every endpoint slot that holds the first block, the number
+// of leading blocks of hashes that the endpoint holds (keeping a larger value already there).
+// lens must have room for every slot in the index.
+func (x *Index) Match(hashes []uint64, lens []int32) {
+	if len(hashes) == 0 {
+		return
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	last := len(hashes) - 1
+	c0 := x.count(hashes[0])
+	if c0 == 0 {
+		return
+	}
+	cl := c0
+	if last > 0 {
+		cl = x.count(hashes[last])
+	}
+	if cl > 0 {
+		x.credit(hashes[last], int32(last+1), lens)
+	}
+	x.bisect(hashes, 0, last, c0, cl, lens)
+}
+
+func (x *Index) count(h uint64) uint32 { return uint32(x.blocks[h] >> 32) }
+
+// bisect finds where the holder count drops between lo and hi and credits, at each drop, the
+// holders of the block before it.
+func (x *Index) bisect(hashes []uint64, lo, hi int, clo, chi uint32, lens []int32) {
+	for clo != chi {
+		if hi-lo <= 1 {
+			x.credit(hashes[lo], int32(lo+1), lens)
+			return
+		}
+		mid := lo + (hi-lo)/2
+		cm := x.count(hashes[mid])
+		x.bisect(hashes, lo, mid, clo, cm, lens)
+		lo, clo = mid, cm
+	}
+}
+
+// credit raises lens[slot] to n for every holder of block h.
+func (x *Index) credit(h uint64, n int32, lens []int32) {
+	for i := uint32(x.blocks[h]); i != 0; {
+		nd := x.node(i)
+		if int(nd.ep) < len(lens) && lens[nd.ep] < n {
+			lens[nd.ep] = n
+		}
+		i = nd.snext
+	}
+}
+
+// Holds reports whether endpoint slot holds block h (for tests and debugging).
+func (x *Index) Holds(slot int, h uint64) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot >= len(x.eps) || x.eps[slot] == nil {
+		return false
+	}
+	_, ok := x.eps[slot].byHash[h]
+	return ok
+}
+
+// Stats is the index's size.
+type Stats struct {
+	Entries   int // (endpoint, block) entries
+	Blocks    int // distinct blocks
+	SlabBytes int // node slab, including free nodes
+	Bytes     int // estimate of everything: slab plus maps
+}
+
+// Map entries cost about this much in Go's swiss tables: 16-byte slots plus a control byte, at
+// an average load of ~2/3 between growths (24/0.67 rounded). docs/benchmarks.md measures the
+// real total with the heap profiler.
+const mapEntryBytes = 26
+
+// Stats reports the index's current size.
+func (x *Index) Stats() Stats {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	entries := int(x.highWater()) - 1 - x.nfree
+	slab := len(x.pages) * pageSize * 32
+	return Stats{
+		Entries:   entries,
+		Blocks:    len(x.blocks),
+		SlabBytes: slab,
+		Bytes:     slab + (entries+len(x.blocks))*mapEntryBytes,
+	}
+}

@@ -1,0 +1,207 @@
+// Package prefix is the prefix-cache-aware scorer: chained block hashes of the prompt's
+// canonical rendering, a per-endpoint LRU index of the blocks each endpoint has served
+// (committed on the response path, only for 2xx responses), short-lived pending records that
+// bridge the gap between pick and response, and the scorer that turns them into affinity.
+package prefix
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/router"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Name is the plugin's name in config files.
+const Name = "prefix-scorer"
+
+// Params configure the plugin. config/default.yaml holds the defaults and their arithmetic.
+type Params struct {
+	BlockSize              int             `json:"blockSize"`
+	MaxBlocksPerRequest    int             `json:"maxBlocksPerRequest"`
+	LRUCapacityPerEndpoint int             `json:"lruCapacityPerEndpoint"`
+	MinMatchBlocks         int             `json:"minMatchBlocks"`
+	PendingTTL             config.Duration `json:"pendingTTL"`
+}
+
+// Validate names the first bad field.
+func (p Params) Validate() error {
+	switch {
+	case p.BlockSize < 16 || p.BlockSize > 4096:
+		return fmt.Errorf("blockSize %d: want 16..4096 bytes (tiny blocks multiply index memory)", p.BlockSize)
+	case p.MaxBlocksPerRequest < 1:
+		return fmt.Errorf("maxBlocksPerRequest %d: want at least 1", p.MaxBlocksPerRequest)
+	case p.LRUCapacityPerEndpoint < 1:
+		return fmt.Errorf("lruCapacityPerEndpoint %d: want at least 1", p.LRUCapacityPerEndpoint)
+	case p.LRUCapacityPerEndpoint > 1<<26:
+		return fmt.Errorf("lruCapacityPerEndpoint %d: over the supported 67,108,864 blocks", p.LRUCapacityPerEndpoint)
+	case p.MinMatchBlocks < 0:
+		return fmt.Errorf("minMatchBlocks %d: must not be negative", p.MinMatchBlocks)
+	case p.PendingTTL < 0:
+		return fmt.Errorf("pendingTTL %v: must not be negative", p.PendingTTL.D())
+	}
+	return nil
+}
+
+// Plugin is the prefix scorer. It prepares each request's block hashes, scores endpoints by how
+// much of the prompt they likely hold, records a pending entry at pick and commits the blocks to
+// the index when the response is a success.
+type Plugin struct {
+	p       Params
+	index   *Index
+	pending *pendingSet
+	now     func() time.Time
+	states  sync.Pool
+	metrics *pluginMetrics
+}
+
+var (
+	_ router.Preparer         = (*Plugin)(nil)
+	_ router.Scorer           = (*Plugin)(nil)
+	_ router.PickObserver     = (*Plugin)(nil)
+	_ router.ResponseObserver = (*Plugin)(nil)
+	_ router.DoneObserver     = (*Plugin)(nil)
+	_ router.PoolListener     = (*Plugin)(nil)
+)
+
+var stateKey = router.NewStateKey(Name)
+
+// state is one request's prefix data, pooled.
+type state struct {
+	hasher   *Hasher
+	hashes   []uint64
+	lens     []int32 // matched blocks by endpoint slot, from the last Score
+	scored   bool
+	pending  pendingRecord
+	resolved bool // response headers seen: committed or dropped
+}
+
+// New returns the plugin. reg may be nil (no metrics).
+func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	pl := &Plugin{
+		p:       p,
+		index:   NewIndex(p.LRUCapacityPerEndpoint),
+		pending: newPendingSet(p.PendingTTL.D()),
+		now:     time.Now,
+	}
+	pl.metrics = newPluginMetrics(pl, reg)
+	return pl, nil
+}
+
+// Name implements router.Plugin.
+func (pl *Plugin) Name() string { return Name }
+
+// Index exposes the index (for tests, benchmarks and metrics).
+func (pl *Plugin) Index() *Index { return pl.index }
+
+// Prepare hashes the prompt once per request and sets the request's affinity key.
+func (pl *Plugin) Prepare(_ context.Context, req *router.Request) {
+	if req.Body == nil {
+		return
+	}
+	st, _ := pl.states.Get().(*state)
+	if st == nil {
+		st = &state{hasher: NewHasher(pl.p.BlockSize, pl.p.MaxBlocksPerRequest)}
+	}
+	st.hasher.Reset(Seed(req.Body.Model, req.Body.CacheSalt), st.hashes)
+	req.Body.Render(st.hasher)
+	st.hashes = st.hasher.Hashes()
+	st.scored, st.resolved = false, false
+	req.AffinityKey = st.hasher.AffinityKey()
+	req.Set(stateKey, st)
+}
+
+func (pl *Plugin) state(req *router.Request) *state {
+	st, _ := req.Get(stateKey).(*state)
+	return st
+}
+
+// Score rates each endpoint by the fraction of the prompt's blocks it likely holds, from the
+// index and from pending records. A match shorter than MinMatchBlocks scores 0: a few shared
+// blocks (a chat template's preamble) say nothing about where the prompt's cache lives.
+func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.Endpoint, scores []float64) {
+	st := pl.state(req)
+	if st == nil || len(st.hashes) == 0 {
+		return
+	}
+	maxSlot := 0
+	for _, e := range eps {
+		maxSlot = max(maxSlot, e.Slot)
+	}
+	if cap(st.lens) <= maxSlot {
+		st.lens = make([]int32, maxSlot+1)
+	}
+	st.lens = st.lens[:maxSlot+1]
+	clear(st.lens)
+	pl.index.Match(st.hashes, st.lens)
+	pl.pending.match(st.hashes, pl.now(), st.lens)
+	st.scored = true
+	total := float64(len(st.hashes))
+	for i, e := range eps {
+		if m := int(st.lens[e.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
+			scores[i] = float64(m) / total
+		}
+	}
+}
+
+// Picked records the pending entry that lets followers find this prompt on ep right away.
+func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
+	st := pl.state(req)
+	if st == nil || len(st.hashes) == 0 {
+		return
+	}
+	if st.scored && pl.metrics != nil {
+		hit := 0
+		if ep.Slot < len(st.lens) {
+			if m := int(st.lens[ep.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
+				hit = m
+			}
+		}
+		pl.metrics.observe(hit, len(st.hashes))
+	}
+	st.pending = pendingRecord{hashes: st.hashes, ep: ep}
+	pl.pending.add(&st.pending, pl.now())
+}
+
+// ResponseHeaders commits the prompt's blocks to the endpoint that served it when the status is
+// 2xx; any other status commits nothing. Either way the pending record is dropped.
+func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, status int) {
+	st := pl.state(req)
+	if st == nil || st.resolved {
+		return
+	}
+	st.resolved = true
+	pl.pending.remove(&st.pending)
+	if status < 200 || status > 299 || served == nil || len(st.hashes) == 0 {
+		return
+	}
+	pl.index.InsertIf(served.Slot, st.hashes, func() bool { return !served.Removed() })
+}
+
+// Done drops whatever the request still holds and recycles its state.
+func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
+	st := pl.state(req)
+	if st == nil {
+		return
+	}
+	pl.pending.remove(&st.pending)
+	req.Set(stateKey, nil)
+	st.pending = pendingRecord{}
+	pl.states.Put(st)
+}
+
+// EndpointsChanged frees everything the index holds for removed endpoints.
+func (pl *Plugin) EndpointsChanged(_, removed []*router.Endpoint) {
+	for _, e := range removed {
+		pl.index.RemoveEndpoint(e.Slot)
+	}
+}
+
+// PendingCount is the number of live pending records (for tests and metrics).
+func (pl *Plugin) PendingCount() int { return pl.pending.len() }

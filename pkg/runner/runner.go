@@ -1,0 +1,222 @@
+// Package runner runs the picker process: it builds the pipeline from the configuration,
+// serves ext_proc (and gRPC health on the same port, for Envoy's cluster health check), gRPC
+// health on its own port (for Kubernetes probes), Prometheus metrics and pprof, and shuts all
+// of it down gracefully.
+package runner
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/certs"
+	"github.com/kvpick/kvpick/pkg/extproc"
+	"github.com/kvpick/kvpick/pkg/plugins"
+	"github.com/kvpick/kvpick/pkg/pool"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// Health service names.
+const (
+	ServiceLiveness  = "liveness"
+	ServiceReadiness = "readiness"
+	ServiceExtProc   = "envoy.service.ext_proc.v3.ExternalProcessor"
+)
+
+// Options are the process's settings.
+type Options struct {
+	GRPCAddr, HealthAddr, MetricsAddr string // listen addresses, "host:port"
+	Config                            *config.Config
+	SecureServing                     bool
+	CertPath                          string // directory with tls.crt and tls.key; "" = self-signed
+	Log                               *zap.Logger
+	// Ready, when set, receives the bound addresses once every listener is up.
+	Ready func(grpc, health, metrics net.Addr)
+}
+
+// Picker is a built, not yet serving, picker.
+type Picker struct {
+	Pool     *pool.Pool
+	Pipeline *router.Pipeline
+	Server   *extproc.Server
+	Registry *prometheus.Registry
+}
+
+// Build assembles the pool, the plugins, the pipeline and the ext_proc server from cfg, and
+// populates the pool with cfg's static endpoints. Errors name the offending field.
+func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
+	addrs, err := pool.ParseAddrs("pool.endpoints", cfg.Pool.Endpoints)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	built, err := plugins.Build(cfg.Plugins, plugins.Deps{Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
+	p := pool.New()
+	for _, pl := range built.Plugins {
+		if l, ok := pl.(router.PoolListener); ok {
+			p.Listen(l)
+		}
+	}
+	pipe, err := router.New(router.Config{Pool: p, Plugins: built.Plugins, Weights: built.Weights, Fallbacks: cfg.ExtProc.Fallbacks})
+	if err != nil {
+		return nil, fmt.Errorf("plugins: %w", err)
+	}
+	srv, err := extproc.New(pipe, extproc.Options{
+		MaxBodyBytes: cfg.ExtProc.MaxBodyBytes,
+		ChunkBytes:   cfg.ExtProc.ChunkBytes,
+		AssumedMode:  filterv3.ProcessingMode_BodySendMode(filterv3.ProcessingMode_BodySendMode_value[cfg.ExtProc.AssumedBodyMode]),
+		Log:          log,
+		Metrics:      extproc.NewMetrics(reg),
+	})
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(pool.NewCollector(p), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	p.Set(addrs)
+	return &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg}, nil
+}
+
+// Run serves until ctx is cancelled, then drains: health turns NOT_SERVING, open streams get
+// up to drainTimeout to finish.
+func Run(ctx context.Context, o Options) error {
+	log := o.Log
+	pk, err := Build(o.Config, log)
+	if err != nil {
+		return err
+	}
+
+	// Raise the receive limit to the body limit: in BUFFERED mode the whole body arrives in
+	// one message. Envoy pings idle HTTP/2 connections; accept that.
+	maxMsg := int(o.Config.ExtProc.MaxBodyBytes) + 1<<20
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxMsg),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+	if o.SecureServing {
+		var cert tls.Certificate
+		if o.CertPath != "" {
+			cert, err = certs.Load(o.CertPath)
+		} else {
+			cert, err = certs.SelfSigned()
+		}
+		if err != nil {
+			return err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+
+	hs := health.NewServer()
+	hs.SetServingStatus(ServiceLiveness, healthpb.HealthCheckResponse_SERVING)
+	setReady := func(st healthpb.HealthCheckResponse_ServingStatus) {
+		for _, svc := range []string{"", ServiceReadiness, ServiceExtProc} {
+			hs.SetServingStatus(svc, st)
+		}
+	}
+	setReady(healthpb.HealthCheckResponse_NOT_SERVING)
+
+	gs := grpc.NewServer(opts...)
+	extprocv3.RegisterExternalProcessorServer(gs, pk.Server)
+	healthpb.RegisterHealthServer(gs, hs)
+	hsrv := grpc.NewServer()
+	healthpb.RegisterHealthServer(hsrv, hs)
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(pk.Registry, promhttp.HandlerOpts{Registry: pk.Registry}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	gl, err := net.Listen("tcp", o.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-port: %w", err)
+	}
+	hl, err := net.Listen("tcp", o.HealthAddr)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("--grpc-health-port: %w", err)
+	}
+	ml, err := net.Listen("tcp", o.MetricsAddr)
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return fmt.Errorf("--metrics-port: %w", err)
+	}
+
+	errc := make(chan error, 3)
+	go func() { errc <- gs.Serve(gl) }()
+	go func() { errc <- hsrv.Serve(hl) }()
+	go func() {
+		if err := msrv.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+			return
+		}
+		errc <- nil
+	}()
+	if pk.Pool.Synced() {
+		setReady(healthpb.HealthCheckResponse_SERVING)
+	}
+	log.Info("picker serving",
+		zap.Stringer("ext_proc", gl.Addr()), zap.Stringer("health", hl.Addr()), zap.Stringer("metrics", ml.Addr()),
+		zap.Bool("tls", o.SecureServing), zap.Int("endpoints", len(pk.Pool.Snapshot())))
+	if len(pk.Pool.Snapshot()) == 0 {
+		log.Warn("the pool has no endpoints: every request will be answered 503 (set --endpoints or pool.endpoints)")
+	}
+	if o.Ready != nil {
+		o.Ready(gl.Addr(), hl.Addr(), ml.Addr())
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if err != nil {
+			gs.Stop()
+			hsrv.Stop()
+			msrv.Close()
+			return fmt.Errorf("server stopped: %w", err)
+		}
+	}
+	log.Info("shutting down: draining open streams")
+	setReady(healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.Shutdown()
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(drainTimeout):
+		log.Warn("drain timeout: closing the remaining streams")
+		gs.Stop()
+	}
+	hsrv.Stop()
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = msrv.Shutdown(sctx)
+	return nil
+}
+
+// drainTimeout bounds shutdown: a stream lives as long as its HTTP request, and LLM requests
+// run for tens of seconds; Kubernetes' default grace period is 30 s.
+const drainTimeout = 25 * time.Second
