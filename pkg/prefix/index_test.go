@@ -1,0 +1,264 @@
+package prefix
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// chain returns n distinct chained-looking hashes starting from tag.
+func chain(tag uint64, n int) []uint64 {
+	out := make([]uint64, n)
+	h := tag*0x9E3779B97F4A7C15 + 1
+	for i := range out {
+		h = h*6364136223846793005 + 1442695040888963407
+		out[i] = h
+	}
+	return out
+}
+
+func cat(parts ...[]uint64) []uint64 {
+	var out []uint64
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func match(x *Index, hashes []uint64, slots int) []int32 {
+	lens := make([]int32, slots)
+	x.Match(hashes, lens)
+	return lens
+}
+
+func TestIndexMatchCountsLeadingBlocksPerEndpoint(t *testing.T) {
+	shared, a, b := chain(1, 10), chain(2, 5), chain(3, 7)
+	x := NewIndex(1000)
+	x.Insert(0, cat(shared, a))
+	x.Insert(1, cat(shared, b))
+	x.Insert(2, shared[:4])
+	tests := []struct {
+		name  string
+		query []uint64
+		want  []int32
+	}{
+		{"prompt continuing a", cat(shared, a, chain(9, 3)), []int32{15, 10, 4, 0}},
+		{"prompt continuing b", cat(shared, b), []int32{10, 17, 4, 0}},
+		{"only the shared head", shared[:3], []int32{3, 3, 3, 0}},
+		{"unknown prompt", chain(42, 20), []int32{0, 0, 0, 0}},
+		{"empty prompt", nil, []int32{0, 0, 0, 0}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := match(x, tc.query, 4)
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("Match = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestIndexEvictsTailBeforeHead(t *testing.T) {
+	x := NewIndex(5)
+	p := chain(1, 10)
+	x.Insert(0, p)
+	for i, h := range p {
+		if got, want := x.Holds(0, h), i < 5; got != want {
+			t.Errorf("block %d held = %v, want %v (a long prompt keeps its head)", i, got, want)
+		}
+	}
+	// A second prompt of 3 blocks evicts the least recently used: the first prompt's tail end.
+	q := chain(2, 3)
+	x.Insert(0, q)
+	for i, h := range p[:5] {
+		if got, want := x.Holds(0, h), i < 2; got != want {
+			t.Errorf("after second prompt, block %d held = %v, want %v", i, got, want)
+		}
+	}
+	if got := match(x, p, 1)[0]; got != 2 {
+		t.Errorf("first prompt now matches %d blocks, want 2", got)
+	}
+}
+
+func TestIndexReinsertRefreshesRecency(t *testing.T) {
+	x := NewIndex(6)
+	a, b, c := chain(1, 3), chain(2, 3), chain(3, 3)
+	x.Insert(0, a)
+	x.Insert(0, b)
+	x.Insert(0, a) // a is used again: b is now the oldest
+	x.Insert(0, c)
+	if got := match(x, a, 1)[0]; got != 3 {
+		t.Errorf("refreshed prompt matches %d, want 3", got)
+	}
+	if got := match(x, b, 1)[0]; got != 0 {
+		t.Errorf("least recently used prompt matches %d, want 0 (evicted)", got)
+	}
+}
+
+func TestIndexRemoveEndpointFreesEverything(t *testing.T) {
+	x := NewIndex(100_000)
+	for slot := range 8 {
+		for r := range 50 {
+			x.Insert(slot, chain(uint64(slot*1000+r), 200))
+		}
+	}
+	before := x.Stats()
+	if before.Entries != 8*50*200 {
+		t.Fatalf("entries = %d, want %d", before.Entries, 8*50*200)
+	}
+	for slot := 1; slot < 8; slot++ {
+		x.RemoveEndpoint(slot)
+	}
+	after := x.Stats()
+	if after.Entries != 50*200 || after.Blocks != 50*200 {
+		t.Fatalf("after removal entries=%d blocks=%d, want %d each", after.Entries, after.Blocks, 50*200)
+	}
+	if after.SlabBytes >= before.SlabBytes/4 {
+		t.Errorf("slab kept %d of %d bytes after removing 7 of 8 endpoints", after.SlabBytes, before.SlabBytes)
+	}
+	// The remaining endpoint's entries survived compaction intact.
+	for r := range 50 {
+		p := chain(uint64(r), 200)
+		if got := match(x, p, 8); got[0] != 200 || got[1] != 0 {
+			t.Fatalf("prompt %d after compaction: %v", r, got)
+		}
+	}
+	x.RemoveEndpoint(0)
+	if s := x.Stats(); s.Entries != 0 || s.Blocks != 0 {
+		t.Fatalf("empty index reports %+v", s)
+	}
+	// And it is usable again.
+	x.Insert(3, chain(7, 10))
+	if got := match(x, chain(7, 10), 4)[3]; got != 10 {
+		t.Fatalf("insert after full removal: %d", got)
+	}
+}
+
+func TestIndexSetCapacityEvictsOldest(t *testing.T) {
+	x := NewIndex(100)
+	a, b := chain(1, 10), chain(2, 10)
+	x.Insert(0, a)
+	x.Insert(0, b)
+	x.SetCapacity(0, 12)
+	if got := match(x, b, 1)[0]; got != 10 {
+		t.Errorf("newest prompt matches %d, want 10", got)
+	}
+	if got := match(x, a, 1)[0]; got != 2 {
+		t.Errorf("older prompt keeps %d head blocks, want 2", got)
+	}
+}
+
+// TestIndexAgreesWithReferenceLRU drives the index and a straightforward model (one
+// golang-lru cache per endpoint, blocks inserted tail first) with the same random operations
+// and checks that Match equals, for every endpoint, the number of leading blocks its reference
+// cache holds. Prompts come from a small tree so that prefixes are shared across endpoints.
+func TestIndexAgreesWithReferenceLRU(t *testing.T) {
+	const slots, capacity = 6, 150
+	rng := rand.New(rand.NewPCG(1, 2))
+	// A tree of prompts: each new prompt extends a random earlier one.
+	prompts := [][]uint64{chain(0, 30)}
+	for i := 1; i < 200; i++ {
+		base := prompts[rng.IntN(len(prompts))]
+		keep := rng.IntN(len(base) + 1)
+		p := cat(base[:keep], chain(uint64(i), 1+rng.IntN(40)))
+		prompts = append(prompts, p)
+	}
+	x := NewIndex(capacity)
+	ref := make([]*simplelru.LRU[uint64, struct{}], slots)
+	for i := range ref {
+		ref[i], _ = simplelru.NewLRU[uint64, struct{}](capacity, nil)
+	}
+	for step := range 5000 {
+		slot := rng.IntN(slots)
+		switch op := rng.IntN(100); {
+		case op < 2:
+			x.RemoveEndpoint(slot)
+			ref[slot].Purge()
+		default:
+			p := prompts[rng.IntN(len(prompts))]
+			x.Insert(slot, p)
+			for i := len(p) - 1; i >= 0; i-- {
+				if _, ok := ref[slot].Get(p[i]); !ok {
+					ref[slot].Add(p[i], struct{}{})
+				}
+			}
+		}
+		q := prompts[rng.IntN(len(prompts))]
+		got := match(x, q, slots)
+		for s := range slots {
+			want := int32(0)
+			for want < int32(len(q)) && ref[s].Contains(q[want]) {
+				want++
+			}
+			if got[s] != want {
+				t.Fatalf("step %d: endpoint %d matches %d blocks, reference %d", step, s, got[s], want)
+			}
+			if s < len(x.eps) && x.eps[s] != nil && x.eps[s].n != ref[s].Len() {
+				t.Fatalf("step %d: endpoint %d holds %d entries, reference %d", step, s, x.eps[s].n, ref[s].Len())
+			}
+		}
+	}
+}
+
+// BenchmarkIndexBytesPerEntry measures the heap cost of one (endpoint, block) entry with all of
+// the index's structures, for unique blocks (worst case: no sharing across endpoints).
+func BenchmarkIndexBytesPerEntry(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		name := "unique-blocks"
+		if shared {
+			name = "blocks-on-4-endpoints"
+		}
+		b.Run(name, func(b *testing.B) {
+			const slots, capacity = 16, 25000
+			var perEntry float64
+			for range b.N {
+				runtime.GC()
+				var m0, m1 runtime.MemStats
+				runtime.ReadMemStats(&m0)
+				x := NewIndex(capacity)
+				for s := range slots {
+					for r := range capacity / 100 {
+						tag := uint64(s*1_000_000 + r)
+						if shared {
+							tag = uint64((s/4)*1_000_000 + r)
+						}
+						x.Insert(s, chain(tag, 100))
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&m1)
+				entries := x.Stats().Entries
+				perEntry = float64(m1.HeapAlloc-m0.HeapAlloc) / float64(entries)
+				runtime.KeepAlive(x)
+			}
+			b.ReportMetric(perEntry, "bytes/entry")
+		})
+	}
+}
+
+// BenchmarkGolangLRUBytesPerEntry is the comparison that decided against one golang-lru cache
+// per endpoint: the cache alone, with no reverse index, costs this much per entry.
+func BenchmarkGolangLRUBytesPerEntry(b *testing.B) {
+	const slots, capacity = 16, 25000
+	var perEntry float64
+	for range b.N {
+		runtime.GC()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		caches := make([]*simplelru.LRU[uint64, struct{}], slots)
+		for s := range caches {
+			caches[s], _ = simplelru.NewLRU[uint64, struct{}](capacity, nil)
+			for _, h := range chain(uint64(s), capacity) {
+				caches[s].Add(h, struct{}{})
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		perEntry = float64(m1.HeapAlloc-m0.HeapAlloc) / float64(slots*capacity)
+		runtime.KeepAlive(caches)
+	}
+	b.ReportMetric(perEntry, "bytes/entry")
+}

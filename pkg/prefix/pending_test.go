@@ -1,0 +1,61 @@
+package prefix
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+func TestCommonPrefix(t *testing.T) {
+	a := chain(1, 10)
+	tests := []struct {
+		name string
+		b    []uint64
+		want int
+	}{
+		{"identical", a, 10},
+		{"longer", cat(a, chain(2, 5)), 10},
+		{"shorter", a[:4], 4},
+		{"diverges after 6", cat(a[:6], chain(3, 4)), 6},
+		{"only first shared", cat(a[:1], chain(4, 9)), 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := commonPrefix(a, tc.b); got != tc.want {
+				t.Fatalf("commonPrefix = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPendingMatchesLiveRecordsOnly(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newPendingSet(10 * time.Second)
+	e0, e1, e2 := router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1), router.NewEndpoint("10.0.0.3:8000", 2)
+	base := chain(1, 8)
+	r0 := &pendingRecord{hashes: base, ep: e0}
+	r1 := &pendingRecord{hashes: base[:3], ep: e1}
+	r2 := &pendingRecord{hashes: base, ep: e2}
+	p.add(r0, now)
+	p.add(r1, now)
+	p.add(r2, now.Add(-20*time.Second)) // already expired
+	lens := make([]int32, 3)
+	p.match(cat(base, chain(9, 2)), now, lens)
+	if lens[0] != 8 || lens[1] != 3 || lens[2] != 0 {
+		t.Fatalf("lens = %v, want [8 3 0]", lens)
+	}
+	p.remove(r0)
+	e1.MarkRemoved()
+	clear(lens)
+	p.match(base, now, lens)
+	if lens[0] != 0 || lens[1] != 0 {
+		t.Fatalf("after remove/endpoint removal lens = %v, want zeros", lens)
+	}
+	p.remove(r1)
+	p.remove(r2)
+	p.remove(r2) // twice is harmless
+	if n := p.len(); n != 0 {
+		t.Fatalf("%d records left", n)
+	}
+}

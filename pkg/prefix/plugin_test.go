@@ -1,0 +1,228 @@
+package prefix
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/openai"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+func testPlugin(t *testing.T) *Plugin {
+	t.Helper()
+	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: 10000,
+		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pl
+}
+
+// chatRequest builds a parsed chat request whose conversation has the given user turns.
+func chatRequest(t *testing.T, system string, turns ...string) *router.Request {
+	t.Helper()
+	var msgs []string
+	msgs = append(msgs, fmt.Sprintf(`{"role":"system","content":%q}`, system))
+	for i, u := range turns {
+		msgs = append(msgs, fmt.Sprintf(`{"role":"user","content":%q}`, u))
+		if i < len(turns)-1 {
+			msgs = append(msgs, fmt.Sprintf(`{"role":"assistant","content":"answer %d"}`, i))
+		}
+	}
+	body := []byte(`{"model":"m","messages":[` + strings.Join(msgs, ",") + `]}`)
+	var b openai.Request
+	if err := openai.Parse(openai.APIChatCompletions, body, &b); err != nil {
+		t.Fatal(err)
+	}
+	return &router.Request{API: openai.APIChatCompletions, Body: &b, Model: b.Model}
+}
+
+func scores(pl *Plugin, req *router.Request, eps []*router.Endpoint) []float64 {
+	s := make([]float64, len(eps))
+	pl.Score(context.Background(), req, eps, s)
+	return s
+}
+
+func twoEndpoints() []*router.Endpoint {
+	return []*router.Endpoint{router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1)}
+}
+
+var longSystem = strings.Repeat("You are a careful assistant that answers in full sentences. ", 20)
+
+func TestCommitOnlyOnSuccessfulResponse(t *testing.T) {
+	tests := []struct {
+		status     int
+		wantCommit bool
+	}{
+		{200, true}, {204, true}, {400, false}, {429, false}, {500, false}, {503, false},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
+			pl, eps := testPlugin(t), twoEndpoints()
+			req := chatRequest(t, longSystem, "question one")
+			pl.Prepare(context.Background(), req)
+			pl.Picked(req, eps[0])
+			pl.ResponseHeaders(req, eps[0], tc.status)
+			pl.Done(req, eps[0])
+			if pl.PendingCount() != 0 {
+				t.Fatalf("%d pending records left after the stream ended", pl.PendingCount())
+			}
+			next := chatRequest(t, longSystem, "question one")
+			pl.Prepare(context.Background(), next)
+			s := scores(pl, next, eps)
+			if committed := s[0] > 0; committed != tc.wantCommit {
+				t.Fatalf("status %d: committed = %v (scores %v)", tc.status, committed, s)
+			}
+			if s[1] != 0 {
+				t.Fatalf("the other endpoint scored %v", s[1])
+			}
+		})
+	}
+}
+
+func TestPendingRecordAttractsFollowersUntilTheStreamEnds(t *testing.T) {
+	pl, eps := testPlugin(t), twoEndpoints()
+	first := chatRequest(t, longSystem, "burst")
+	pl.Prepare(context.Background(), first)
+	pl.Picked(first, eps[1])
+
+	follower := chatRequest(t, longSystem, "burst")
+	pl.Prepare(context.Background(), follower)
+	if s := scores(pl, follower, eps); s[1] != 1 || s[0] != 0 {
+		t.Fatalf("while the first request is pending, follower scores %v, want [0 1]", s)
+	}
+	// The first request's stream ends without a response (cancelled): the record goes.
+	pl.Done(first, eps[1])
+	if s := scores(pl, follower, eps); s[1] != 0 {
+		t.Fatalf("after the stream ended, follower scores %v, want zeros", s)
+	}
+}
+
+func TestPendingRecordExpires(t *testing.T) {
+	pl, eps := testPlugin(t), twoEndpoints()
+	now := time.Unix(5000, 0)
+	pl.now = func() time.Time { return now }
+	first := chatRequest(t, longSystem, "slow")
+	pl.Prepare(context.Background(), first)
+	pl.Picked(first, eps[0])
+	follower := chatRequest(t, longSystem, "slow")
+	pl.Prepare(context.Background(), follower)
+	now = now.Add(2 * time.Minute)
+	if s := scores(pl, follower, eps); s[0] != 0 {
+		t.Fatalf("expired pending record still scores %v", s)
+	}
+}
+
+func TestCommitGoesToTheServedEndpoint(t *testing.T) {
+	pl, eps := testPlugin(t), twoEndpoints()
+	req := chatRequest(t, longSystem, "fallback")
+	pl.Prepare(context.Background(), req)
+	pl.Picked(req, eps[0])
+	pl.ResponseHeaders(req, eps[1], 200) // the proxy retried on the other endpoint
+	pl.Done(req, eps[0])
+	next := chatRequest(t, longSystem, "fallback")
+	pl.Prepare(context.Background(), next)
+	if s := scores(pl, next, eps); s[0] != 0 || s[1] != 1 {
+		t.Fatalf("scores %v, want [0 1]", s)
+	}
+}
+
+func TestLaterTurnsMatchEarlierTurns(t *testing.T) {
+	pl, eps := testPlugin(t), twoEndpoints()
+	turn1 := chatRequest(t, longSystem, "first question about the weather")
+	pl.Prepare(context.Background(), turn1)
+	pl.Picked(turn1, eps[0])
+	pl.ResponseHeaders(turn1, eps[0], 200)
+	pl.Done(turn1, eps[0])
+
+	turn2 := chatRequest(t, longSystem, "first question about the weather", "and a follow-up")
+	pl.Prepare(context.Background(), turn2)
+	s := scores(pl, turn2, eps)
+	st := pl.state(turn2)
+	want := float64(len(pl.state(turn2).hashes)-1) / float64(len(st.hashes))
+	if s[0] < want-0.05 || s[0] >= 1 {
+		t.Fatalf("second turn scores %v on the first turn's endpoint, want about %v", s[0], want)
+	}
+}
+
+func TestShortMatchesCountAsNone(t *testing.T) {
+	pl, eps := testPlugin(t), twoEndpoints()
+	// One 64-byte block of shared text, then different prompts.
+	shared := strings.Repeat("z", 64)
+	a := chatRequest(t, shared+strings.Repeat("a", 600))
+	pl.Prepare(context.Background(), a)
+	pl.Picked(a, eps[0])
+	pl.ResponseHeaders(a, eps[0], 200)
+	pl.Done(a, eps[0])
+	b := chatRequest(t, shared+strings.Repeat("b", 600))
+	pl.Prepare(context.Background(), b)
+	if s := scores(pl, b, eps); s[0] != 0 {
+		t.Fatalf("a one-block match scored %v (minMatchBlocks is 2)", s[0])
+	}
+}
+
+func TestRemovedEndpointIsForgotten(t *testing.T) {
+	pl, eps := testPlugin(t), twoEndpoints()
+	req := chatRequest(t, longSystem, "gone")
+	pl.Prepare(context.Background(), req)
+	pl.Picked(req, eps[0])
+	pl.ResponseHeaders(req, eps[0], 200)
+	pl.Done(req, eps[0])
+	eps[0].MarkRemoved()
+	pl.EndpointsChanged(nil, eps[:1])
+	if s := pl.Index().Stats(); s.Entries != 0 {
+		t.Fatalf("index keeps %d entries of a removed endpoint", s.Entries)
+	}
+	// A late response for a removed endpoint commits nothing.
+	late := chatRequest(t, longSystem, "late")
+	pl.Prepare(context.Background(), late)
+	pl.Picked(late, eps[0])
+	pl.ResponseHeaders(late, eps[0], 200)
+	pl.Done(late, eps[0])
+	if s := pl.Index().Stats(); s.Entries != 0 {
+		t.Fatalf("a removed endpoint received %d entries", s.Entries)
+	}
+}
+
+func TestRequestsWithoutBodyAreNotScored(t *testing.T) {
+	pl, eps := testPlugin(t), twoEndpoints()
+	req := &router.Request{API: openai.APIOther}
+	pl.Prepare(context.Background(), req)
+	if s := scores(pl, req, eps); s[0] != 0 || s[1] != 0 {
+		t.Fatalf("scores %v", s)
+	}
+	pl.Picked(req, eps[0])
+	pl.ResponseHeaders(req, eps[0], 200)
+	pl.Done(req, eps[0])
+	if req.AffinityKey != 0 {
+		t.Fatal("affinity key set without a prompt")
+	}
+}
+
+func TestParamsValidateNamesTheField(t *testing.T) {
+	good := Params{BlockSize: 64, MaxBlocksPerRequest: 10, LRUCapacityPerEndpoint: 10, MinMatchBlocks: 1}
+	tests := []struct {
+		field string
+		edit  func(*Params)
+	}{
+		{"blockSize", func(p *Params) { p.BlockSize = 4 }},
+		{"maxBlocksPerRequest", func(p *Params) { p.MaxBlocksPerRequest = 0 }},
+		{"lruCapacityPerEndpoint", func(p *Params) { p.LRUCapacityPerEndpoint = 0 }},
+		{"minMatchBlocks", func(p *Params) { p.MinMatchBlocks = -1 }},
+		{"pendingTTL", func(p *Params) { p.PendingTTL = -1 }},
+	}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range tests {
+		p := good
+		tc.edit(&p)
+		if err := p.Validate(); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: err = %v", tc.field, err)
+		}
+	}
+}
