@@ -6,6 +6,7 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -285,11 +286,24 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 	st.buf = append(st.buf, b.GetBody()...)
 	if st.reqMode == filterv3.ProcessingMode_STREAMED {
 		st.heldChunks++
+		// In STREAMED mode the proxy sends trailers only once every chunk is answered, and
+		// chunks cannot be answered before the headers: a body that ends with trailers would
+		// never end. Route as soon as the body is a complete JSON document instead.
+		if !b.GetEndOfStream() && endsObject(st.buf) && openai.Parse(st.req.API, st.buf, &st.body) == nil {
+			return st.routeParsed(st.buf, false, time.Now())
+		}
 	}
 	if !b.GetEndOfStream() {
 		return false, nil
 	}
 	return st.complete(st.buf, true, false)
+}
+
+// endsObject reports whether b, less trailing whitespace, ends with '}': cheap to check on every
+// chunk, and true of every complete request body.
+func endsObject(b []byte) bool {
+	b = bytes.TrimRight(b, " \t\r\n")
+	return len(b) > 0 && b[len(b)-1] == '}'
 }
 
 func (st *stream) onRequestTrailers() (bool, error) {
@@ -310,17 +324,30 @@ func (st *stream) onRequestTrailers() (bool, error) {
 // eos: the body ended with end_of_stream (not with trailers). partial: the proxy may have cut it.
 func (st *stream) complete(body []byte, eos, partial bool) (bool, error) {
 	start := time.Now()
-	err := openai.Parse(st.req.API, body, &st.body)
-	if err == nil {
-		st.req.Body = &st.body
-		st.req.Model = st.body.Model
-	} else if !partial {
-		var pe *openai.Error
-		if errors.As(err, &pe) {
-			return true, st.srv.Send(st.reject(pe.Status, pe.Type, pe.Code, pe.Param, pe.Message))
+	if err := openai.Parse(st.req.API, body, &st.body); err != nil {
+		if !partial {
+			var pe *openai.Error
+			if errors.As(err, &pe) {
+				return true, st.srv.Send(st.reject(pe.Status, pe.Type, pe.Code, pe.Param, pe.Message))
+			}
+			return true, st.srv.Send(st.reject(400, "invalid_request_error", "invalid_body", "", err.Error()))
 		}
-		return true, st.srv.Send(st.reject(400, "invalid_request_error", "invalid_body", "", err.Error()))
+		// A body the proxy cut at its buffer limit: route by load alone.
+		st.body.Reset()
+		return st.route(body, eos, start)
 	}
+	return st.routeParsed(body, eos, start)
+}
+
+// routeParsed routes a request whose body st.body holds, parsed.
+func (st *stream) routeParsed(body []byte, eos bool, start time.Time) (bool, error) {
+	st.req.Body = &st.body
+	st.req.Model = st.body.Model
+	return st.route(body, eos, start)
+}
+
+// route schedules the request and sends every answer the body mode requires.
+func (st *stream) route(body []byte, eos bool, start time.Time) (bool, error) {
 	resp := st.schedule()
 	if m := st.s.opt.Metrics; m != nil {
 		m.decision.Observe(time.Since(start).Seconds())
@@ -332,13 +359,15 @@ func (st *stream) complete(body []byte, eos, partial bool) (bool, error) {
 	md := routeMetadata(st.dest)
 	switch st.reqMode {
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
-		// Header mutations ride on the body answer in BUFFERED mode; the body is unchanged,
-		// so content-length stays as the client sent it.
-		r := requestBodyResponse(st.routeCommon(""))
+		// Header mutations ride on the body answer in BUFFERED mode. The body passes
+		// unchanged, so the client's content-length is right; BUFFERED_PARTIAL drops it.
+		r := requestBodyResponse(st.routeCommon(st.contentLength))
 		r.DynamicMetadata = md
 		return false, st.srv.Send(r)
 	case filterv3.ProcessingMode_STREAMED:
-		r := headersResponse(st.routeCommon(strconv.Itoa(len(body))))
+		// The proxy drops content-length in this mode; the body passes unchanged (and may not
+		// be complete yet, when it ends with trailers), so restore the client's.
+		r := headersResponse(st.routeCommon(st.contentLength))
 		r.DynamicMetadata = md
 		if err := st.srv.Send(r); err != nil {
 			return false, err

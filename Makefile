@@ -1,0 +1,42 @@
+# kvpick: the prefix-cache-aware endpoint picker.
+GO      ?= go
+BIN     ?= bin
+PKGS    ?= ./...
+
+.PHONY: all build test test-short bench fuzz lint fmt vet demo e2e e2e-kind clean
+
+all: lint test build
+
+## build: compile every command into ./bin
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+## test: the project's test suite, with the race detector (what CI runs)
+test: lint
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## test-short: unit tests only, skipping the process-level end-to-end suite
+test-short:
+	$(GO) test -race -short -count=1 $(PKGS)
+
+## bench: the decision-path and memory benchmarks recorded in docs/benchmarks.md
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./pkg/prefix ./pkg/openai ./pkg/extproc
+
+## fuzz: fuzz the request-body parser for FUZZTIME (default 60s)
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./pkg/openai
+
+## lint: formatting and vet
+lint: fmt vet
+
+fmt:
+	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf $(BIN)

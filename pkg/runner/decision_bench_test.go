@@ -1,0 +1,131 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/openai"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// benchBody returns a chat body of about size bytes: a 2 KB system prompt shared by every
+// conversation, then turns of conversation conv until the size is reached, then a new question.
+func benchBody(conv, size int) []byte {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"meta-llama/Llama-3.1-8B-Instruct","stream":true,"max_tokens":256,"messages":[`)
+	sb.WriteString(`{"role":"system","content":"`)
+	for sb.Len() < 2048 {
+		sb.WriteString(`You are a helpful assistant.\nAnswer precisely and cite the \"source\" when you can. `)
+	}
+	sb.WriteString(`"}`)
+	for turn := 0; sb.Len() < size-200; turn++ {
+		fmt.Fprintf(&sb, `,{"role":"user","content":"conversation %d turn %d: `, conv, turn)
+		for i := 0; i < 12 && sb.Len() < size-200; i++ {
+			sb.WriteString(`tell me more about the topic we discussed, with details.\n`)
+		}
+		fmt.Fprintf(&sb, `"},{"role":"assistant","content":"Here is what I know about turn %d of %d."}`, turn, conv)
+	}
+	sb.WriteString(`,{"role":"user","content":"and now the final question?"}]}`)
+	return []byte(sb.String())
+}
+
+func benchPipeline(b *testing.B, endpoints int) *Picker {
+	cfg := config.Default()
+	for i := range endpoints {
+		cfg.Pool.Endpoints = append(cfg.Pool.Endpoints, fmt.Sprintf("10.%d.%d.1:8000", i/250, i%250))
+	}
+	pk, err := Build(cfg, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pk
+}
+
+// warm commits 4 conversations per endpoint (so the shared system prompt is on every endpoint
+// and each conversation's history on one) and returns the parsed bodies.
+func warm(b *testing.B, pk *Picker, endpoints, size int) {
+	var body openai.Request
+	for conv := range 4 * endpoints {
+		if err := openai.Parse(openai.APIChatCompletions, benchBody(conv, size), &body); err != nil {
+			b.Fatal(err)
+		}
+		req := &router.Request{API: openai.APIChatCompletions, Body: &body, Model: body.Model}
+		d, err := pk.Pipeline.Schedule(context.Background(), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
+		pk.Pipeline.Done(req, d.Endpoint)
+	}
+}
+
+// BenchmarkDecision measures the whole decision path the ext_proc server runs once it has the
+// body: parse, render+hash, index and pending match, filters, scorers, pick, and the stream-end
+// bookkeeping, against a warm index.
+func BenchmarkDecision(b *testing.B) {
+	for _, size := range []int{4 << 10, 64 << 10, 512 << 10} {
+		for _, endpoints := range []int{8, 64, 256} {
+			b.Run(fmt.Sprintf("body=%dKB/endpoints=%d", size>>10, endpoints), func(b *testing.B) {
+				pk := benchPipeline(b, endpoints)
+				warm(b, pk, endpoints, size)
+				body := benchBody(7, size) // conversation 7, held by one endpoint
+				req := &router.Request{}
+				var parsed openai.Request
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					req.Reset()
+					req.API = openai.APIChatCompletions
+					if err := openai.Parse(openai.APIChatCompletions, body, &parsed); err != nil {
+						b.Fatal(err)
+					}
+					req.Body, req.Model = &parsed, parsed.Model
+					d, err := pk.Pipeline.Schedule(context.Background(), req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					pk.Pipeline.Done(req, d.Endpoint)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkCommit measures the response-path cost: committing a prompt's blocks to the index.
+func BenchmarkCommit(b *testing.B) {
+	for _, size := range []int{4 << 10, 64 << 10} {
+		b.Run(fmt.Sprintf("body=%dKB", size>>10), func(b *testing.B) {
+			pk := benchPipeline(b, 64)
+			warm(b, pk, 64, size)
+			body := benchBody(7, size)
+			var parsed openai.Request
+			req := &router.Request{}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				req.Reset()
+				req.API = openai.APIChatCompletions
+				if err := openai.Parse(openai.APIChatCompletions, body, &parsed); err != nil {
+					b.Fatal(err)
+				}
+				req.Body, req.Model = &parsed, parsed.Model
+				d, err := pk.Pipeline.Schedule(context.Background(), req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
+				b.StopTimer()
+				pk.Pipeline.Done(req, d.Endpoint)
+				b.StartTimer()
+			}
+		})
+	}
+}
