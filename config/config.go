@@ -29,7 +29,17 @@ type Config struct {
 
 // Pool is the static endpoint pool.
 type Pool struct {
-	Endpoints []string `json:"endpoints"`
+	Endpoints   []string    `json:"endpoints"`
+	HealthCheck HealthCheck `json:"healthCheck"`
+}
+
+// HealthCheck configures the active health check of the pool's endpoints.
+type HealthCheck struct {
+	Path               string   `json:"path"`
+	Interval           Duration `json:"interval"`
+	Timeout            Duration `json:"timeout"`
+	UnhealthyThreshold int      `json:"unhealthyThreshold"`
+	HealthyThreshold   int      `json:"healthyThreshold"`
 }
 
 // ExtProc configures the ext_proc server.
@@ -142,6 +152,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("extProc.chunkBytes %d: want 1024..65536 (proxies cap chunks at 64 KiB)", c.ExtProc.ChunkBytes)
 	case c.ExtProc.Fallbacks < 0 || c.ExtProc.Fallbacks > 16:
 		return fmt.Errorf("extProc.fallbacks %d: want 0..16", c.ExtProc.Fallbacks)
+	case c.Pool.HealthCheck.Interval < 0:
+		return fmt.Errorf("pool.healthCheck.interval %v: must not be negative (0 disables)", c.Pool.HealthCheck.Interval.D())
+	case c.Pool.HealthCheck.Interval > 0 && (c.Pool.HealthCheck.Timeout <= 0 || c.Pool.HealthCheck.Timeout > c.Pool.HealthCheck.Interval):
+		return fmt.Errorf("pool.healthCheck.timeout %v: want more than 0 and at most the interval", c.Pool.HealthCheck.Timeout.D())
+	case c.Pool.HealthCheck.Interval > 0 && !strings.HasPrefix(c.Pool.HealthCheck.Path, "/"):
+		return fmt.Errorf("pool.healthCheck.path %q: want an absolute path such as /health", c.Pool.HealthCheck.Path)
+	case c.Pool.HealthCheck.UnhealthyThreshold < 1 || c.Pool.HealthCheck.HealthyThreshold < 1:
+		return fmt.Errorf("pool.healthCheck thresholds must be at least 1")
 	case !slices.Contains(BodyModes, c.ExtProc.AssumedBodyMode):
 		return fmt.Errorf("extProc.assumedBodyMode %q: want one of %s", c.ExtProc.AssumedBodyMode, strings.Join(BodyModes, ", "))
 	}

@@ -314,9 +314,9 @@ func TestErrorsAreOpenAIStyleImmediateResponses(t *testing.T) {
 func TestShedsWith429WhenEveryEndpointIsSaturated(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) {
 		c.Pool.Endpoints = pool4[:1]
-		c.Plugins[1].Parameters = json.RawMessage(`{"maxInFlightPerEndpoint":1}`)
+		c.Plugins[2].Parameters = json.RawMessage(`{"maxInFlightPerEndpoint":1}`)
 	})
-	if h.pk.Pipeline == nil || config.Default().Plugins[1].Name != "saturation-filter" {
+	if h.pk.Pipeline == nil || config.Default().Plugins[2].Name != "saturation-filter" {
 		t.Fatal("default plugin order changed; fix this test")
 	}
 	x, err := h.client.Open(context.Background(), dataplane.FullDuplex())

@@ -18,7 +18,7 @@ func TestBuildDefaultPlugins(t *testing.T) {
 	for _, p := range b.Plugins {
 		names = append(names, p.Name())
 	}
-	want := "subset-filter,saturation-filter,load-guard,prefix-scorer,inflight-scorer,max-score-picker"
+	want := "subset-filter,health-filter,saturation-filter,load-guard,prefix-scorer,inflight-scorer,max-score-picker"
 	if strings.Join(names, ",") != want {
 		t.Fatalf("plugins %v", names)
 	}

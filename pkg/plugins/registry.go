@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/plugins/health"
 	"github.com/kvpick/kvpick/pkg/plugins/inflight"
 	"github.com/kvpick/kvpick/pkg/plugins/loadguard"
 	"github.com/kvpick/kvpick/pkg/plugins/maxscore"
@@ -30,6 +31,7 @@ type factory func(params json.RawMessage, d Deps) (router.Plugin, error)
 
 var factories = map[string]factory{
 	subset.Name:   noParams(func() router.Plugin { return &subset.Filter{} }),
+	health.Name:   noParams(func() router.Plugin { return &health.Filter{} }),
 	inflight.Name: noParams(func() router.Plugin { return &inflight.Scorer{} }),
 	maxscore.Name: noParams(func() router.Plugin { return &maxscore.Picker{} }),
 	saturation.Name: func(raw json.RawMessage, _ Deps) (router.Plugin, error) {

@@ -22,9 +22,10 @@ type Endpoint struct {
 	// picker replica.
 	Hash uint64
 
-	inflight atomic.Int64
-	removed  atomic.Bool
-	metrics  atomic.Pointer[Metrics]
+	inflight  atomic.Int64
+	removed   atomic.Bool
+	unhealthy atomic.Bool
+	metrics   atomic.Pointer[Metrics]
 }
 
 // NewEndpoint returns a live endpoint.
@@ -43,6 +44,13 @@ func (e *Endpoint) Removed() bool { return e.removed.Load() }
 
 // MarkRemoved is called by the pool before it tells listeners about the removal.
 func (e *Endpoint) MarkRemoved() { e.removed.Store(true) }
+
+// Healthy reports whether the endpoint passes its health checks. New endpoints are healthy
+// until a check says otherwise, so that a fresh picker routes at once.
+func (e *Endpoint) Healthy() bool { return !e.unhealthy.Load() }
+
+// SetHealthy records the health checker's verdict.
+func (e *Endpoint) SetHealthy(ok bool) { e.unhealthy.Store(!ok) }
 
 // Metrics is the latest scraped model-server state, or nil when none has been scraped yet.
 // Scorers that read it must treat nil as "unknown", not as "idle".

@@ -29,6 +29,7 @@ import (
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/certs"
 	"github.com/kvpick/kvpick/pkg/extproc"
+	"github.com/kvpick/kvpick/pkg/healthcheck"
 	"github.com/kvpick/kvpick/pkg/plugins"
 	"github.com/kvpick/kvpick/pkg/pool"
 	"github.com/kvpick/kvpick/pkg/router"
@@ -179,6 +180,9 @@ func Run(ctx context.Context, o Options) error {
 	if pk.Pool.Synced() {
 		setReady(healthpb.HealthCheckResponse_SERVING)
 	}
+	hctx, stopChecks := context.WithCancel(ctx)
+	defer stopChecks()
+	go healthcheck.New(o.Config.Pool.HealthCheck, pk.Pool, log).Run(hctx)
 	log.Info("picker serving",
 		zap.Stringer("ext_proc", gl.Addr()), zap.Stringer("health", hl.Addr()), zap.Stringer("metrics", ml.Addr()),
 		zap.Bool("tls", o.SecureServing), zap.Int("endpoints", len(pk.Pool.Snapshot())))

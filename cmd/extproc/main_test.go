@@ -1,0 +1,44 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBadFlagsAndConfigNameTheProblem(t *testing.T) {
+	dir := t.TempDir()
+	badCfg := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(badCfg, []byte("extProc:\n  chunkBytes: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unknownPlugin := filepath.Join(dir, "plugin.yaml")
+	if err := os.WriteFile(unknownPlugin, []byte("plugins:\n- name: magic-scorer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"--grpc-prot", "1"}, "grpc-prot"},
+		{"port out of range", []string{"--metrics-port", "70000"}, "--metrics-port"},
+		{"bad log level", []string{"--log-level", "loud"}, "--log-level"},
+		{"bad endpoint", []string{"--endpoints", "10.0.0.1:8000,nonsense"}, `pool.endpoints[1] "nonsense"`},
+		{"missing config file", []string{"--config-file", filepath.Join(dir, "none.yaml")}, "none.yaml"},
+		{"invalid config value", []string{"--config-file", badCfg}, "extProc.chunkBytes"},
+		{"unknown plugin", []string{"--config-file", unknownPlugin}, `unknown plugin "magic-scorer"`},
+		{"cert path without TLS", []string{"--secure-serving=false", "--cert-path", dir}, "--cert-path"},
+		{"cert path without certs", []string{"--cert-path", dir, "--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0"}, "tls.crt"},
+		{"stray argument", []string{"serve"}, "unexpected arguments"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(tc.args)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("run(%q) = %v, want an error mentioning %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,133 @@
+package runner
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/dataplane"
+)
+
+func startPicker(t *testing.T, secure bool) (grpcAddr, healthAddr, metricsAddr string, stop func() error) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Pool.Endpoints = []string{"127.0.0.1:8001"}
+	cfg.Pool.HealthCheck.Interval = 0 // no server behind the endpoint
+	ready := make(chan [3]string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{
+			GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+			Config: cfg, SecureServing: secure, Log: zap.NewNop(),
+			Ready: func(g, h, m net.Addr) { ready <- [3]string{g.String(), h.String(), m.String()} },
+		})
+	}()
+	select {
+	case a := <-ready:
+		return a[0], a[1], a[2], func() error {
+			cancel()
+			select {
+			case err := <-done:
+				return err
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return after cancel")
+				return nil
+			}
+		}
+	case err := <-done:
+		cancel()
+		t.Fatalf("Run failed: %v", err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("picker not ready")
+	}
+	return
+}
+
+func checkHealth(t *testing.T, conn *grpc.ClientConn, service string, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	resp, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("health %q: %v", service, err)
+	}
+	if resp.GetStatus() != want {
+		t.Fatalf("health %q = %v, want %v", service, resp.GetStatus(), want)
+	}
+}
+
+func TestRunServesExtProcHealthAndMetrics(t *testing.T) {
+	for _, secure := range []bool{true, false} {
+		name := "plaintext"
+		if secure {
+			name = "tls"
+		}
+		t.Run(name, func(t *testing.T) {
+			g, h, m, stop := startPicker(t, secure)
+			creds := insecure.NewCredentials()
+			if secure {
+				creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})
+			}
+			gconn, err := grpc.NewClient(g, grpc.WithTransportCredentials(creds))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gconn.Close()
+			hconn, err := grpc.NewClient(h, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hconn.Close()
+			for _, svc := range []string{"", ServiceLiveness, ServiceReadiness, ServiceExtProc} {
+				checkHealth(t, hconn, svc, healthpb.HealthCheckResponse_SERVING)
+			}
+			// Envoy health-checks the ext_proc cluster on the ext_proc port itself.
+			checkHealth(t, gconn, ServiceExtProc, healthpb.HealthCheckResponse_SERVING)
+
+			routed, _, err := dataplane.New(gconn).Do(context.Background(), dataplane.FullDuplex(), &dataplane.HTTPRequest{
+				Method: "POST", Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":"hello there"}`),
+			}, &dataplane.HTTPResponse{Status: 200, Body: []byte("{}")})
+			if err != nil || routed.Destination != "127.0.0.1:8001" {
+				t.Fatalf("routing over %s: %v %+v", name, err, routed)
+			}
+
+			for path, want := range map[string]string{
+				"/metrics":      "kvpick_requests_total",
+				"/debug/pprof/": "goroutine",
+			} {
+				resp, err := http.Get("http://" + m + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
+					t.Fatalf("GET %s: %d, body lacks %q", path, resp.StatusCode, want)
+				}
+			}
+			if err := stop(); err != nil {
+				t.Fatalf("Run returned %v after cancel", err)
+			}
+		})
+	}
+}
+
+func TestBuildRejectsBadPool(t *testing.T) {
+	cfg := config.Default()
+	cfg.Pool.Endpoints = []string{"10.0.0.1"}
+	if _, err := Build(cfg, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "pool.endpoints[0]") {
+		t.Fatalf("err = %v", err)
+	}
+}
