@@ -252,8 +252,9 @@ func (st *stream) routeAtHeaders(hasBody bool) (bool, error) {
 	}
 	st.phase = phaseRouted
 	cl := ""
-	if hasBody && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		// The proxy drops content-length in this mode; the body passes unchanged, so restore it.
+	if hasBody {
+		// The body passes unchanged; restore content-length where the proxy drops it
+		// (FULL_DUPLEX_STREAMED, STREAMED, BUFFERED_PARTIAL), harmless where it does not.
 		cl = st.contentLength
 	}
 	resp := headersResponse(st.routeCommon(cl))
