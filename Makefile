@@ -3,6 +3,8 @@ GO      ?= go
 BIN     ?= bin
 PKGS    ?= ./...
 
+include e2e/kind/Makefile.inc
+
 .PHONY: all build test test-short bench fuzz lint fmt vet demo e2e e2e-kind clean
 
 all: lint test build
@@ -37,6 +39,7 @@ fmt:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags kind ./e2e/kind/
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,156 @@
+package manifests
+
+import (
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"strconv"
+	"strings"
+)
+
+// flagDef is one flag a binary defines, as read from its source.
+type flagDef struct {
+	Type    string // bool, int, uint, string, float, duration
+	Default string // the default's literal text; "" when it is not a literal
+}
+
+// flagMethods maps flag.FlagSet's defining methods to the flag's type and the positions of its
+// name and default arguments (-1: none).
+var flagMethods = map[string]struct {
+	typ        string
+	name, dflt int
+}{
+	"Bool": {"bool", 0, 1}, "BoolVar": {"bool", 1, 2}, "BoolFunc": {"bool", 0, -1},
+	"Int": {"int", 0, 1}, "IntVar": {"int", 1, 2}, "Int64": {"int", 0, 1}, "Int64Var": {"int", 1, 2},
+	"Uint": {"uint", 0, 1}, "UintVar": {"uint", 1, 2}, "Uint64": {"uint", 0, 1}, "Uint64Var": {"uint", 1, 2},
+	"String": {"string", 0, 1}, "StringVar": {"string", 1, 2},
+	"Float64": {"float", 0, 1}, "Float64Var": {"float", 1, 2},
+	"Duration": {"duration", 0, 1}, "DurationVar": {"duration", 1, 2},
+	"Func": {"string", 0, -1}, "Var": {"string", 1, -1}, "TextVar": {"string", 1, -1},
+}
+
+// binaryFlags reads the flags a command defines from its Go source, without building it: calls
+// of flag.FlagSet's defining methods (fs.Int("grpc-port", 9002, ...)) on a FlagSet made with
+// flag.NewFlagSet, or on the flag package itself.
+func binaryFlags(path string) (map[string]flagDef, error) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	sets := map[string]bool{"flag": true}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.AssignStmt:
+			for i, rhs := range n.Rhs {
+				if i >= len(n.Lhs) || !isCall(rhs, "flag", "NewFlagSet") {
+					continue
+				}
+				if id, ok := n.Lhs[i].(*ast.Ident); ok {
+					sets[id.Name] = true
+				}
+			}
+		case *ast.ValueSpec:
+			for i, v := range n.Values {
+				if i < len(n.Names) && isCall(v, "flag", "NewFlagSet") {
+					sets[n.Names[i].Name] = true
+				}
+			}
+		}
+		return true
+	})
+	flags := map[string]flagDef{}
+	var errs []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok {
+			return true
+		}
+		sel, ok := call.Fun.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		x, ok := sel.X.(*ast.Ident)
+		if !ok || !sets[x.Name] {
+			return true
+		}
+		m, ok := flagMethods[sel.Sel.Name]
+		if !ok || len(call.Args) <= m.name {
+			return true
+		}
+		lit, ok := call.Args[m.name].(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			errs = append(errs, fmt.Sprintf("%s: flag name is not a string literal", fset.Position(call.Pos())))
+			return true
+		}
+		name, _ := strconv.Unquote(lit.Value)
+		d := flagDef{Type: m.typ}
+		if m.dflt >= 0 && m.dflt < len(call.Args) {
+			d.Default = literal(call.Args[m.dflt])
+		}
+		flags[name] = d
+		return true
+	})
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	if len(flags) == 0 {
+		return nil, fmt.Errorf("%s: found no flag definitions", path)
+	}
+	return flags, nil
+}
+
+func isCall(e ast.Expr, pkg, fn string) bool {
+	call, ok := e.(*ast.CallExpr)
+	if !ok {
+		return false
+	}
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	if !ok {
+		return false
+	}
+	x, ok := sel.X.(*ast.Ident)
+	return ok && x.Name == pkg && sel.Sel.Name == fn
+}
+
+// literal returns the value of a basic literal or true/false, and "" for anything else.
+func literal(e ast.Expr) string {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		if e.Kind == token.STRING {
+			s, _ := strconv.Unquote(e.Value)
+			return s
+		}
+		return e.Value
+	case *ast.Ident:
+		if e.Name == "true" || e.Name == "false" {
+			return e.Name
+		}
+	}
+	return ""
+}
+
+// stringConsts reads the string constants declared in a Go file (name → value).
+func stringConsts(path string) (map[string]string, error) {
+	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, decl := range f.Decls {
+		gd, ok := decl.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, v := range vs.Values {
+				if lit, ok := v.(*ast.BasicLit); ok && lit.Kind == token.STRING && i < len(vs.Names) {
+					out[vs.Names[i].Name], _ = strconv.Unquote(lit.Value)
+				}
+			}
+		}
+	}
+	return out, nil
+}
