@@ -41,5 +41,13 @@ vet:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags kind ./e2e/kind/
 
+## e2e: the local end-to-end suite: picker, simulators and the dev gateway as real processes
+e2e:
+	$(GO) test -race -count=1 -timeout 10m ./e2e/
+
+## demo: start the demo stack and replay the demo workload against round-robin
+demo:
+	$(GO) run ./cmd/demo --load
+
 clean:
 	rm -rf $(BIN)
