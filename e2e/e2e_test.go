@@ -262,13 +262,12 @@ func TestDeadEndpointIsFailedOverThenAvoided(t *testing.T) {
 		return served[victim.addr] > 0 && sent >= 40
 	})
 	victim.kill()
+	healthy := fmt.Sprintf("kvpick_endpoint_healthy{endpoint=%q}", victim.addr)
+	if c.picker.metric(t, healthy) != 1 {
+		t.Fatalf("%s is not 1 while the simulator is alive", healthy)
+	}
 	waitUntil(t, c.picker.proc, settleTimeout, "the picker's health check marking the dead simulator", func() bool {
-		for _, e := range c.picker.logEntries("endpoint failed its health checks; no longer routing to it") {
-			if e["endpoint"] == victim.addr {
-				return true
-			}
-		}
-		return false
+		return c.picker.metric(t, healthy) == 0
 	})
 	halt()
 	<-phase1
