@@ -80,6 +80,9 @@ func (h *Hasher) Write(p []byte) {
 
 func (h *Hasher) block(b []byte) {
 	h.prev = fmix64(h.prev*0x9e3779b97f4a7c15 ^ xxhash.Sum64(b))
+	if h.prev == 0 {
+		h.prev = 1 // 0 marks an empty slot in the index's tables
+	}
 	h.hashes = append(h.hashes, h.prev)
 }
 

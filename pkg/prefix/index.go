@@ -2,16 +2,18 @@ package prefix
 
 import (
 	"sync"
+	"unsafe"
 )
 
 // Index remembers, per endpoint, which prompt blocks that endpoint has served, in a bounded LRU
 // per endpoint, plus a reverse map from block hash to the endpoints that hold it.
 //
-// Memory: every (endpoint, block) entry is one 32-byte node in a paged slab plus one entry in
-// its endpoint's hash→node map; each distinct block adds one entry in the reverse map. That is
-// ~60-90 bytes per entry in all (docs/benchmarks.md has the measurement), against 100+ bytes
-// for a golang-lru cache alone: the slab links the LRU list and the reverse map's holder list
-// with 32-bit node numbers instead of pointers.
+// Memory: every (endpoint, block) entry is one 32-byte node in a paged slab plus one 16-byte slot
+// (at most 7/8 full) in its endpoint's hash→node table; each distinct block adds one 16-byte slot
+// in the reverse table. That is ~60-80 bytes per entry in all, steady under endless churn
+// (docs/benchmarks.md has the measurements), against 100+ bytes for a golang-lru cache alone:
+// the slab links the LRU list and the holder list with 32-bit node numbers instead of pointers,
+// and the tables (table.go) leave no tombstones.
 //
 // Lookups exploit two facts. Block hashes are chained, so holding block i implies having been
 // given blocks 0..i-1 with it; and a request's blocks are inserted tail first, so within an
@@ -23,7 +25,7 @@ import (
 type Index struct {
 	mu       sync.RWMutex
 	capacity int               // default per-endpoint capacity in blocks
-	blocks   map[uint64]uint64 // block hash → holder count<<32 | first holder node
+	blocks   *table[uint64]    // block hash → holder count<<32 | first holder node
 	eps      []*endpointLRU    // by endpoint slot; nil when the slot holds nothing
 	pages    []*[pageSize]node // node slab; node 0 is the nil node
 	hw       uint32            // first never-used node
@@ -50,7 +52,7 @@ type endpointLRU struct {
 	head, tail uint32 // head is the most recently used block
 	n          int
 	capacity   int
-	byHash     map[uint64]uint32
+	byHash     *table[uint32]
 }
 
 // NewIndex returns an index that keeps at most capacity blocks per endpoint.
@@ -58,7 +60,7 @@ func NewIndex(capacity int) *Index {
 	return &Index{
 		capacity: max(capacity, 1),
 		hw:       1,
-		blocks:   make(map[uint64]uint64),
+		blocks:   newTable[uint64](0),
 		pages:    []*[pageSize]node{new([pageSize]node)}, // node 0, the nil node, is never handed out
 	}
 }
@@ -98,7 +100,7 @@ func (x *Index) lru(slot int) *endpointLRU {
 	}
 	l := x.eps[slot]
 	if l == nil {
-		l = &endpointLRU{capacity: x.capacity, byHash: make(map[uint64]uint32)}
+		l = &endpointLRU{capacity: x.capacity, byHash: newTable[uint32](x.capacity)}
 		x.eps[slot] = l
 	}
 	return l
@@ -113,6 +115,10 @@ func (x *Index) SetCapacity(slot, capacity int) {
 	l.capacity = max(capacity, 1)
 	for l.n > l.capacity {
 		x.evict(l)
+	}
+	l.byHash.limit = slotsFor(l.capacity)
+	if len(l.byHash.slots) > l.byHash.limit {
+		l.byHash.resize(l.byHash.limit)
 	}
 }
 
@@ -143,7 +149,7 @@ func (x *Index) insertLocked(slot int, hashes []uint64) {
 	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		if ni, ok := l.byHash[h]; ok {
+		if ni, ok := l.byHash.get(h); ok {
 			x.unlinkLRU(l, ni)
 			x.pushFront(l, ni)
 			continue
@@ -155,15 +161,15 @@ func (x *Index) insertLocked(slot int, hashes []uint64) {
 		n := x.node(ni)
 		*n = node{hash: h, ep: uint32(slot)}
 		x.pushFront(l, ni)
-		l.byHash[h] = ni
+		l.byHash.put(h, ni)
 		l.n++
-		ref := x.blocks[h]
-		first, count := uint32(ref), uint32(ref>>32)
+		ref := x.blocks.upsert(h)
+		first, count := uint32(*ref), uint32(*ref>>32)
 		n.snext = first
 		if first != 0 {
 			x.node(first).sprev = ni
 		}
-		x.blocks[h] = uint64(count+1)<<32 | uint64(ni)
+		*ref = uint64(count+1)<<32 | uint64(ni)
 	}
 }
 
@@ -208,9 +214,9 @@ func (x *Index) drop(l *endpointLRU, ni uint32) {
 	n := x.node(ni)
 	h := n.hash
 	x.unlinkLRU(l, ni)
-	delete(l.byHash, h)
+	l.byHash.del(h)
 	l.n--
-	ref := x.blocks[h]
+	ref, _ := x.blocks.get(h)
 	first, count := uint32(ref), uint32(ref>>32)
 	if n.sprev != 0 {
 		x.node(n.sprev).snext = n.snext
@@ -221,9 +227,9 @@ func (x *Index) drop(l *endpointLRU, ni uint32) {
 		x.node(n.snext).sprev = n.sprev
 	}
 	if count <= 1 {
-		delete(x.blocks, h)
+		x.blocks.del(h)
 	} else {
-		x.blocks[h] = uint64(count-1)<<32 | uint64(first)
+		x.blocks.put(h, uint64(count-1)<<32|uint64(first))
 	}
 	x.release(ni)
 }
@@ -301,13 +307,13 @@ func (x *Index) move(src, dst uint32) {
 	if n.sprev != 0 {
 		x.node(n.sprev).snext = dst
 	} else {
-		ref := x.blocks[n.hash]
-		x.blocks[n.hash] = ref&^0xffffffff | uint64(dst)
+		ref, _ := x.blocks.get(n.hash)
+		x.blocks.put(n.hash, ref&^0xffffffff|uint64(dst))
 	}
 	if n.snext != 0 {
 		x.node(n.snext).sprev = dst
 	}
-	l.byHash[n.hash] = dst
+	l.byHash.put(n.hash, dst)
 	*x.node(src) = node{ep: freeEP}
 }
 
@@ -348,7 +354,10 @@ func (x *Index) Match(hashes []uint64, lens []int32) {
 	x.bisect(hashes, 0, last, c0, cl, lens)
 }
 
-func (x *Index) count(h uint64) uint32 { return uint32(x.blocks[h] >> 32) }
+func (x *Index) count(h uint64) uint32 {
+	ref, _ := x.blocks.get(h)
+	return uint32(ref >> 32)
+}
 
 // bisect finds where the holder count drops between lo and hi and credits, at each drop, the
 // holders of the block before it.
@@ -367,7 +376,8 @@ func (x *Index) bisect(hashes []uint64, lo, hi int, clo, chi uint32, lens []int3
 
 // credit raises lens[slot] to n for every holder of block h.
 func (x *Index) credit(h uint64, n int32, lens []int32) {
-	for i := uint32(x.blocks[h]); i != 0; {
+	ref, _ := x.blocks.get(h)
+	for i := uint32(ref); i != 0; {
 		nd := x.node(i)
 		if int(nd.ep) < len(lens) && lens[nd.ep] < n {
 			lens[nd.ep] = n
@@ -383,7 +393,7 @@ func (x *Index) Holds(slot int, h uint64) bool {
 	if slot >= len(x.eps) || x.eps[slot] == nil {
 		return false
 	}
-	_, ok := x.eps[slot].byHash[h]
+	_, ok := x.eps[slot].byHash.get(h)
 	return ok
 }
 
@@ -392,24 +402,24 @@ type Stats struct {
 	Entries   int // (endpoint, block) entries
 	Blocks    int // distinct blocks
 	SlabBytes int // node slab, including free nodes
-	Bytes     int // estimate of everything: slab plus maps
+	Bytes     int // everything: slab plus tables
 }
-
-// Map entries cost about this much in Go's swiss tables: 16-byte slots plus a control byte, at
-// an average load of ~2/3 between growths (24/0.67 rounded). docs/benchmarks.md measures the
-// real total with the heap profiler.
-const mapEntryBytes = 26
 
 // Stats reports the index's current size.
 func (x *Index) Stats() Stats {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	entries := int(x.highWater()) - 1 - x.nfree
-	slab := len(x.pages) * pageSize * 32
+	slab := len(x.pages) * pageSize * int(unsafe.Sizeof(node{}))
+	b := slab + x.blocks.bytes()
+	for _, l := range x.eps {
+		if l != nil {
+			b += l.byHash.bytes()
+		}
+	}
 	return Stats{
-		Entries:   entries,
-		Blocks:    len(x.blocks),
+		Entries:   int(x.highWater()) - 1 - x.nfree,
+		Blocks:    x.blocks.n,
 		SlabBytes: slab,
-		Bytes:     slab + (entries+len(x.blocks))*mapEntryBytes,
+		Bytes:     b,
 	}
 }

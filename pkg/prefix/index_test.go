@@ -204,37 +204,36 @@ func TestIndexAgreesWithReferenceLRU(t *testing.T) {
 }
 
 // BenchmarkIndexBytesPerEntry measures the heap cost of one (endpoint, block) entry with all of
-// the index's structures, for unique blocks (worst case: no sharing across endpoints).
+// the index's structures: with unique blocks (the worst case: no sharing across endpoints), with
+// blocks shared by 4 endpoints, and after churning through 5x the capacity (evictions).
 func BenchmarkIndexBytesPerEntry(b *testing.B) {
-	for _, shared := range []bool{false, true} {
-		name := "unique-blocks"
-		if shared {
-			name = "blocks-on-4-endpoints"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		share  int // endpoints per group sharing the same prompts
+		rounds int // capacity multiples inserted
+	}{{"unique-blocks", 1, 1}, {"blocks-on-4-endpoints", 4, 1}, {"unique-blocks-after-churn", 1, 5}} {
+		b.Run(tc.name, func(b *testing.B) {
 			const slots, capacity = 16, 25000
-			var perEntry float64
+			var perEntry, reported float64
 			for range b.N {
 				runtime.GC()
 				var m0, m1 runtime.MemStats
 				runtime.ReadMemStats(&m0)
 				x := NewIndex(capacity)
 				for s := range slots {
-					for r := range capacity / 100 {
-						tag := uint64(s*1_000_000 + r)
-						if shared {
-							tag = uint64((s/4)*1_000_000 + r)
-						}
-						x.Insert(s, chain(tag, 100))
+					for r := range tc.rounds * capacity / 100 {
+						x.Insert(s, chain(uint64((s/tc.share)*1_000_000+r), 100))
 					}
 				}
 				runtime.GC()
 				runtime.ReadMemStats(&m1)
-				entries := x.Stats().Entries
-				perEntry = float64(m1.HeapAlloc-m0.HeapAlloc) / float64(entries)
+				st := x.Stats()
+				perEntry = float64(m1.HeapAlloc-m0.HeapAlloc) / float64(st.Entries)
+				reported = float64(st.Bytes) / float64(st.Entries)
 				runtime.KeepAlive(x)
 			}
 			b.ReportMetric(perEntry, "bytes/entry")
+			b.ReportMetric(reported, "reported-bytes/entry")
 		})
 	}
 }
@@ -261,4 +260,33 @@ func BenchmarkGolangLRUBytesPerEntry(b *testing.B) {
 		runtime.KeepAlive(caches)
 	}
 	b.ReportMetric(perEntry, "bytes/entry")
+}
+
+// BenchmarkIndexInsert measures committing a 1,000-block prompt to an endpoint: already held
+// (LRU moves only) and new into a full endpoint (one eviction per block).
+func BenchmarkIndexInsert(b *testing.B) {
+	const capacity = 25000
+	b.Run("held", func(b *testing.B) {
+		x := NewIndex(capacity)
+		p := chain(1, 1000)
+		x.Insert(0, p)
+		b.ResetTimer()
+		for range b.N {
+			x.Insert(0, p)
+		}
+	})
+	b.Run("new-into-full", func(b *testing.B) {
+		x := NewIndex(capacity)
+		for r := range capacity / 1000 {
+			x.Insert(0, chain(uint64(r), 1000))
+		}
+		prompts := make([][]uint64, 64)
+		for i := range prompts {
+			prompts[i] = chain(uint64(1000+i), 1000)
+		}
+		b.ResetTimer()
+		for i := range b.N {
+			x.Insert(0, prompts[i%len(prompts)])
+		}
+	})
 }

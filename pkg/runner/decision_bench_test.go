@@ -59,7 +59,10 @@ func warm(b *testing.B, pk *Picker, endpoints, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
+		// Commit conversation conv to endpoint conv % endpoints, as if the proxy had served it
+		// there: the shared system prompt ends up everywhere, each history on one endpoint.
+		served := pk.Pool.Snapshot()[conv%endpoints].Addr
+		pk.Pipeline.ResponseHeaders(req, d.Endpoint, served, 200)
 		pk.Pipeline.Done(req, d.Endpoint)
 	}
 }
