@@ -16,10 +16,24 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc/experimental"
+	"google.golang.org/grpc/mem"
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/runner"
 )
+
+// grpc-go marshals each outgoing message into a pooled buffer whose size classes jump from
+// 32 KiB to 1 MiB, zeroing the whole 1 MiB for every re-emitted 62,000-byte body chunk (17% of
+// the picker's CPU under load, docs/loadgen.md). Add 64 and 128 KiB classes. This must run
+// before any gRPC server exists.
+func init() {
+	p, err := mem.NewBinaryTieredBufferPool(8, 12, 14, 15, 16, 17, 20)
+	if err != nil {
+		panic(err)
+	}
+	experimental.SetDefaultBufferPool(p)
+}
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {

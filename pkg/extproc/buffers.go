@@ -6,9 +6,22 @@ import (
 	"strconv"
 )
 
-// Body buffers are pooled up to this capacity; rarer, larger ones are left to the GC so that a
-// burst of huge bodies does not pin their memory.
-const maxPooledBuf = 1 << 20
+// Body buffers are pooled in size classes so that a small request never holds on to a large
+// buffer for its whole life. Classes are powers of four from 16 KiB (a typical chat body) to
+// 1 MiB; larger, rarer bodies are left to the GC so that a burst of them does not pin memory.
+const (
+	minBufClass = 14 // 16 KiB
+	maxBufClass = 20 // 1 MiB
+)
+
+// bufClass returns the pool index and capacity for a body of n bytes (n <= 1 MiB).
+func bufClass(n int) (int, int) {
+	c := minBufClass
+	for 1<<c < n {
+		c += 2
+	}
+	return (c - minBufClass) / 2, 1 << c
+}
 
 // getBuf returns an empty buffer for a request body, sized from content-length when the client
 // sent one, so that accumulating chunks copies each byte once.
@@ -17,21 +30,29 @@ func (s *Server) getBuf(contentLength string, limit int64) []byte {
 	if n, err := strconv.ParseInt(contentLength, 10, 64); err == nil && n > 0 && n <= limit {
 		want = int(n)
 	}
-	if want <= maxPooledBuf {
-		if p, ok := s.bufs.Get().(*[]byte); ok && cap(*p) >= want {
-			return (*p)[:0]
-		}
-		return make([]byte, 0, max(want, 16<<10))
+	if want > 1<<maxBufClass {
+		return make([]byte, 0, want)
 	}
-	return make([]byte, 0, want)
+	i, size := bufClass(want)
+	if p, ok := s.bufs[i].Get().(*[]byte); ok {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, size)
 }
 
+// putBuf returns a buffer to the pool of the class its capacity fills exactly; buffers that
+// grew by append (no content-length) land in the largest class they fill.
 func (s *Server) putBuf(buf []byte) {
-	if cap(buf) == 0 || cap(buf) > maxPooledBuf {
+	c := cap(buf)
+	if c < 1<<minBufClass || c > 1<<maxBufClass {
 		return
 	}
+	i, size := bufClass(c)
+	if size > c {
+		i-- // capacity between classes: file it under the class it fully covers
+	}
 	buf = buf[:0]
-	s.bufs.Put(&buf)
+	s.bufs[i].Put(&buf)
 }
 
 // newRequestID returns 16 random bytes in hex, for requests that arrive without x-request-id.

@@ -45,7 +45,7 @@ type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	pipe *router.Pipeline
 	opt  Options
-	bufs sync.Pool
+	bufs [(maxBufClass-minBufClass)/2 + 1]sync.Pool
 	once sync.Once
 }
 
@@ -129,7 +129,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		}
 		done, err := st.handle(msg)
 		if err != nil {
-			st.log.Debug("stream send failed", zap.Error(err))
+			st.log.Debug("stream send failed", st.id(), zap.Error(err))
 			if st.outcome == "" {
 				st.outcome = "cancelled"
 			}
@@ -203,8 +203,6 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		st.req.ID = newRequestID()
 		st.generatedID = true
 	}
-	st.log = st.s.opt.Log.With(zap.String("request_id", st.req.ID))
-	st.req.Log = st.log
 	st.req.API = openai.APIForPath(st.req.Path)
 	st.req.Subset, st.req.HasSubset = subsetHint(msg.GetMetadataContext())
 
@@ -240,7 +238,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	st.s.once.Do(func() {
 		st.log.Warn("the proxy's body mode does not let the picker read request bodies before routing; "+
 			"routing by load alone (configure FULL_DUPLEX_STREAMED, or BUFFERED)",
-			zap.String("request_body_mode", st.reqMode.String()))
+			st.id(), zap.String("request_body_mode", st.reqMode.String()))
 	})
 	return st.routeAtHeaders(true)
 }
@@ -347,8 +345,15 @@ func (st *stream) routeParsed(body []byte, eos bool, start time.Time) (bool, err
 	return st.route(body, eos, start)
 }
 
-// route schedules the request and sends every answer the body mode requires.
+// route schedules the request and sends every answer the body mode requires, then lets the
+// body go.
 func (st *stream) route(body []byte, eos bool, start time.Time) (bool, error) {
+	done, err := st.answer(body, eos, start)
+	st.releaseBody()
+	return done, err
+}
+
+func (st *stream) answer(body []byte, eos bool, start time.Time) (bool, error) {
 	resp := st.schedule()
 	if m := st.s.opt.Metrics; m != nil {
 		m.decision.Observe(time.Since(start).Seconds())
@@ -420,7 +425,7 @@ func (st *stream) schedule() *extprocv3.ProcessingResponse {
 	if err != nil {
 		var re *router.Error
 		if errors.As(err, &re) {
-			st.log.Info("request not routed", zap.Int("status", re.Status), zap.String("reason", re.Message))
+			st.log.Info("request not routed", st.id(), zap.Int("status", re.Status), zap.String("reason", re.Message))
 			return st.reject(re.Status, re.Type, re.Code, "", re.Message)
 		}
 		return st.reject(500, "internal_error", "routing_failed", "", err.Error())
@@ -437,7 +442,7 @@ func (st *stream) schedule() *extprocv3.ProcessingResponse {
 		st.dest = sb.String()
 	}
 	if ce := st.log.Check(zap.DebugLevel, "routed"); ce != nil {
-		ce.Write(zap.String("endpoint", st.dest), zap.String("model", st.req.Model),
+		ce.Write(st.id(), zap.String("endpoint", st.dest), zap.String("model", st.req.Model),
 			zap.String("path", st.req.Path))
 	}
 	return nil
@@ -504,6 +509,21 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 		return st.srv.Send(responseBodyResponse(streamed(b.GetBody(), b.GetEndOfStream())))
 	}
 	return st.srv.Send(responseBodyResponse(&extprocv3.CommonResponse{}))
+}
+
+// id is the request id as a log field. Fields are built per log line rather than with a child
+// logger per stream: most streams log nothing, and a child logger costs ~1 KB each.
+func (st *stream) id() zap.Field { return zap.String("request_id", st.req.ID) }
+
+// releaseBody drops the request body once the routing answers are sent: only the prompt's
+// hashes live on, and an LLM stream may stay open for minutes while the response is generated.
+func (st *stream) releaseBody() {
+	st.body.Reset()
+	st.req.Body = nil
+	if st.buf != nil {
+		st.s.putBuf(st.buf)
+		st.buf = nil
+	}
 }
 
 // finish runs once the stream is over, however it ended.

@@ -2,7 +2,6 @@ package router
 
 import (
 	"github.com/kvpick/kvpick/pkg/openai"
-	"go.uber.org/zap"
 )
 
 // Request is what the pipeline knows about one HTTP request. The ext_proc server fills it in;
@@ -24,7 +23,6 @@ type Request struct {
 	// replica places the same new prompt on the same endpoint. The prefix plugin sets it to the
 	// hash of the prompt's first block.
 	AffinityKey uint64
-	Log         *zap.Logger
 
 	state []stateEntry
 }
