@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBadFlagsNameTheProblem(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--clock", "fast"}, "--clock"},
+		{[]string{"--time-scale", "0"}, "--time-scale"},
+		{[]string{"--error-rate", "2"}, "--error-rate"},
+		{[]string{"--engines", "0"}, "--engines"},
+		{[]string{"--policies", ""}, "--policies"},
+		{[]string{"--policies", "random", "--clock", "virtual"}, `unknown policy "random"`},
+		{[]string{"--workloads", "chatty", "--clock", "virtual"}, `unknown workload "chatty"`},
+		{[]string{"--trace", "/nonexistent/trace.jsonl", "--clock", "virtual"}, "/nonexistent/trace.jsonl"},
+		{[]string{"--picker-config", "/nonexistent.yaml", "--workloads", "hot-prefix", "--requests", "10"}, "/nonexistent.yaml"},
+		{[]string{"extra"}, "unexpected arguments"},
+	} {
+		var out, errb bytes.Buffer
+		err := run(tc.args, &out, &errb)
+		if err == nil || !strings.Contains(err.Error()+errb.String(), tc.want) {
+			t.Errorf("run(%q) = %v, want an error mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestPrintEndpoints(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"--print-endpoints", "--engines", "3"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(out.String()); got != "10.77.0.1:8000,10.77.0.2:8000,10.77.0.3:8000" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// TestTinyRun runs the in-process policies on a small trace and a generated workload and checks
+// the table, the JSON and the charts.
+func TestTinyRun(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.jsonl")
+	var lines []string
+	for i := range 20 {
+		lines = append(lines, fmt.Sprintf(`{"timestamp": %.2f, "body": {"model": "m", "max_tokens": 8, "messages": [`+
+			`{"role": "system", "content": "You answer questions about the weather, with long explanations of the physics behind it."}, `+
+			`{"role": "user", "content": "question %d"}]}}`, 1+0.1*float64(i), i))
+	}
+	if err := os.WriteFile(trace, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"--clock", "virtual", "--engines", "2", "--requests", "30", "--workloads", "hot-prefix", "--trace", trace,
+		"--policies", "round-robin,precise", "--json", filepath.Join(dir, "r.json"), "--svg", filepath.Join(dir, "svg")}
+	if err := run(args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for _, want := range []string{"hot-prefix", "trace", "round-robin", "precise", "TTFT p50", "wrote"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.Contains(errb.String(), "hot-prefix / precise") {
+		t.Fatalf("no progress on stderr: %q", errb.String())
+	}
+	var rep struct {
+		Params  map[string]any   `json:"params"`
+		Results []map[string]any `json:"results"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "r.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 4 || rep.Params["clock"] != "virtual" || rep.Results[2]["workload"] != "trace" || rep.Results[2]["completed"] != 20.0 {
+		t.Fatalf("JSON: %d results, params %v, %v", len(rep.Results), rep.Params, rep.Results)
+	}
+	for _, f := range []string{"hit-ratio.svg", "ttft.svg"} {
+		b, err := os.ReadFile(filepath.Join(dir, "svg", f))
+		if err != nil || !bytes.HasPrefix(b, []byte("<svg")) {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+}
