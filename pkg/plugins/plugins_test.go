@@ -18,11 +18,11 @@ func TestBuildDefaultPlugins(t *testing.T) {
 	for _, p := range b.Plugins {
 		names = append(names, p.Name())
 	}
-	want := "subset-filter,health-filter,saturation-filter,load-guard,prefix-scorer,inflight-scorer,max-score-picker"
+	want := "subset-filter,health-filter,saturation-filter,load-guard,prefix-scorer,prefill-scorer,inflight-scorer,max-score-picker"
 	if strings.Join(names, ",") != want {
 		t.Fatalf("plugins %v", names)
 	}
-	if b.Weights["prefix-scorer"] != 3 || b.Weights["inflight-scorer"] != 2 {
+	if b.Weights["prefix-scorer"] != 1 || b.Weights["prefill-scorer"] != 4 || b.Weights["inflight-scorer"] != 1 {
 		t.Fatalf("weights %v", b.Weights)
 	}
 }
@@ -41,6 +41,7 @@ func TestBuildRejectsBadPluginConfig(t *testing.T) {
 		{"invalid parameter value", []config.Plugin{{Name: "prefix-scorer", Parameters: []byte(`{"blockSize":1}`)}}, "blockSize"},
 		{"weight on a filter", []config.Plugin{{Name: "load-guard", Weight: &w}}, "weight is only for scorers"},
 		{"negative weight", []config.Plugin{{Name: "inflight-scorer", Weight: &neg}}, "must not be negative"},
+		{"prefill scorer without the prefix scorer before it", []config.Plugin{{Name: "prefill-scorer"}, {Name: "prefix-scorer"}}, "needs prefix-scorer listed before it"},
 		{"parameters on a plugin without any", []config.Plugin{{Name: "subset-filter", Parameters: []byte(`{"x":1}`)}}, "takes no parameters"},
 	}
 	for _, tc := range tests {
@@ -59,8 +60,8 @@ func TestUserParametersOverrideDefaultsFieldByField(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := b.Plugins[0].(*loadguard.Filter)
-	// absoluteMargin 1 from the user, relativeMargin 0.5 from default.yaml.
-	if !g.Over(4, 2) || g.Over(3, 2) {
-		t.Fatal("merged parameters are not {absoluteMargin: 1, relativeMargin: 0.5}")
+	// absoluteMargin 1 from the user, relativeMargin 1.0 from default.yaml.
+	if !g.Over(5, 2) || g.Over(4, 2) || g.Over(2, 1) {
+		t.Fatal("merged parameters are not {absoluteMargin: 1, relativeMargin: 1.0}")
 	}
 }

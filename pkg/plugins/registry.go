@@ -15,6 +15,7 @@ import (
 	"github.com/kvpick/kvpick/pkg/plugins/inflight"
 	"github.com/kvpick/kvpick/pkg/plugins/loadguard"
 	"github.com/kvpick/kvpick/pkg/plugins/maxscore"
+	"github.com/kvpick/kvpick/pkg/plugins/prefill"
 	"github.com/kvpick/kvpick/pkg/plugins/saturation"
 	"github.com/kvpick/kvpick/pkg/plugins/subset"
 	"github.com/kvpick/kvpick/pkg/prefix"
@@ -47,6 +48,13 @@ var factories = map[string]factory{
 			return nil, err
 		}
 		return loadguard.New(p)
+	},
+	prefill.Name: func(raw json.RawMessage, _ Deps) (router.Plugin, error) {
+		var p prefill.Params
+		if err := decode(prefill.Name, raw, &p); err != nil {
+			return nil, err
+		}
+		return prefill.New(p)
 	},
 	prefix.Name: func(raw json.RawMessage, d Deps) (router.Plugin, error) {
 		var p prefix.Params
@@ -124,6 +132,9 @@ func Build(specs []config.Plugin, d Deps) (*Built, error) {
 				return nil, fmt.Errorf("plugins[%d] (%s): weight %v must not be negative", i, s.Name, *s.Weight)
 			}
 			b.Weights[s.Name] = *s.Weight
+		}
+		if s.Name == prefill.Name && !slices.ContainsFunc(b.Plugins, func(q router.Plugin) bool { return q.Name() == prefix.Name }) {
+			return nil, fmt.Errorf("plugins[%d] (%s): needs %s listed before it", i, s.Name, prefix.Name)
 		}
 		b.Plugins = append(b.Plugins, p)
 	}

@@ -205,3 +205,18 @@ func (pl *Plugin) EndpointsChanged(_, removed []*router.Endpoint) {
 
 // PendingCount is the number of live pending records (for tests and metrics).
 func (pl *Plugin) PendingCount() int { return pl.pending.len() }
+
+// MatchedBlocks reports, for a request the prefix scorer has scored, how many leading blocks of
+// its prompt ep likely holds (from the index and pending records, before the minMatchBlocks
+// cut) and how many blocks the prompt has. Scorers that run after the prefix scorer use it to
+// weigh the prefill work a choice saves; (0, 0) means the request has no scored prompt.
+func MatchedBlocks(req *router.Request, ep *router.Endpoint) (matched, total int) {
+	st, _ := req.Get(stateKey).(*state)
+	if st == nil || !st.scored {
+		return 0, 0
+	}
+	if ep.Slot < len(st.lens) {
+		matched = int(st.lens[ep.Slot])
+	}
+	return matched, len(st.hashes)
+}

@@ -157,7 +157,7 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 		}
 		defer os.RemoveAll(tmp)
 		if o.PickerAddr == "" {
-			if rep.Picker, err = PickerConfig(o.PickerConfig, EndpointList(o.Engines)); err != nil {
+			if rep.Picker, err = PickerConfig(o.PickerConfig, EndpointList(o.Engines), EngineConfig().NumGPUBlocks); err != nil {
 				return nil, err
 			}
 			if pickerBin = o.PickerBin; pickerBin == "" {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sigs.k8s.io/yaml"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,15 +49,71 @@ func BuildPicker(ctx context.Context, dir string, flags ...string) (string, erro
 
 // PickerConfig returns the configuration a picker in front of the simulated engines runs with:
 // the user's file (or the defaults when file is ""), with the pool set to endpoints and active
-// health checks off (the simulated engines serve no HTTP).
-func PickerConfig(file string, endpoints []string) (*config.Config, error) {
+// health checks off (the simulated engines serve no HTTP). The prefix index is sized the way
+// config/default.yaml tells an operator to size it, 85% of the servers' num_gpu_blocks
+// (engineBlocks), unless the file sets lruCapacityPerEndpoint itself.
+func PickerConfig(file string, endpoints []string, engineBlocks int) (*config.Config, error) {
 	cfg, err := config.Load(file)
 	if err != nil {
 		return nil, err
 	}
 	cfg.Pool.Endpoints = endpoints
 	cfg.Pool.HealthCheck.Interval = 0
+	if engineBlocks > 0 {
+		userSet, err := setsCapacity(file)
+		if err != nil {
+			return nil, err
+		}
+		if !userSet {
+			for i, p := range cfg.Plugins {
+				if p.Name != prefixScorer {
+					continue
+				}
+				params := map[string]any{}
+				if len(p.Parameters) > 0 {
+					if err := json.Unmarshal(p.Parameters, &params); err != nil {
+						return nil, err
+					}
+				}
+				params[capacityKey] = engineBlocks * 85 / 100
+				if cfg.Plugins[i].Parameters, err = json.Marshal(params); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
 	return cfg, cfg.Validate()
+}
+
+const (
+	prefixScorer = "prefix-scorer"
+	capacityKey  = "lruCapacityPerEndpoint"
+)
+
+// setsCapacity reports whether the config file gives the prefix scorer a capacity of its own.
+func setsCapacity(file string) (bool, error) {
+	if file == "" {
+		return false, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return false, err
+	}
+	var doc struct {
+		Plugins []struct {
+			Name       string         `json:"name"`
+			Parameters map[string]any `json:"parameters"`
+		} `json:"plugins"`
+	}
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return false, fmt.Errorf("%s: %w", file, err)
+	}
+	for _, p := range doc.Plugins {
+		if _, ok := p.Parameters[capacityKey]; ok && p.Name == prefixScorer {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Picker is a connection to a running picker, started by StartPicker or found at an address by

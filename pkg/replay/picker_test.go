@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvpick/kvpick/config"
 )
 
 var (
@@ -153,7 +155,7 @@ func affinityWorkload(t *testing.T, failGroup bool) *Workload {
 func TestFailedRequestsCreateNoAffinity(t *testing.T) {
 	bin := picker(t)
 	ctx := context.Background()
-	cfg, err := PickerConfig("", EndpointList(4))
+	cfg, err := PickerConfig("", EndpointList(4), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,5 +236,38 @@ func TestRealClockAgainstThePicker(t *testing.T) {
 	s := rep.Results[0]
 	if s.Completed+s.ErrorsByKind["injected"] != 90 || s.ErrorsByKind["injected"] == 0 || s.HitRatio < 0.3 || s.RoundTrip.P50 <= 0 {
 		t.Fatalf("real clock: %+v", s)
+	}
+}
+
+func TestPickerConfigSizesThePrefixIndexLikeAnOperator(t *testing.T) {
+	capacityOf := func(cfg *config.Config) float64 {
+		for _, p := range cfg.Plugins {
+			if p.Name == "prefix-scorer" {
+				var params map[string]any
+				if err := json.Unmarshal(p.Parameters, &params); err != nil {
+					t.Fatal(err)
+				}
+				return params["lruCapacityPerEndpoint"].(float64)
+			}
+		}
+		t.Fatal("no prefix-scorer")
+		return 0
+	}
+	cfg, err := PickerConfig("", EndpointList(2), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := capacityOf(cfg); got != 3481 {
+		t.Fatalf("capacity %v, want 85%% of 4096 = 3481", got)
+	}
+	own := filepath.Join(t.TempDir(), "picker.yaml")
+	if err := os.WriteFile(own, []byte("plugins:\n- name: prefix-scorer\n  parameters: {lruCapacityPerEndpoint: 1234}\n- name: max-score-picker\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = PickerConfig(own, EndpointList(2), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if got := capacityOf(cfg); got != 1234 {
+		t.Fatalf("capacity %v, want the file's 1234", got)
 	}
 }

@@ -23,6 +23,7 @@ type Endpoint struct {
 	Hash uint64
 
 	inflight  atomic.Int64
+	prefill   atomic.Int64
 	removed   atomic.Bool
 	unhealthy atomic.Bool
 	metrics   atomic.Pointer[Metrics]
@@ -38,6 +39,15 @@ func (e *Endpoint) InFlight() int64 { return e.inflight.Load() }
 
 // AddInFlight moves the in-flight count; the pipeline calls it at pick (+1) and stream end (-1).
 func (e *Endpoint) AddInFlight(d int64) { e.inflight.Add(d) }
+
+// QueuedPrefill is the prompt work, in prefix blocks, routed to the endpoint that has not
+// produced a first response byte yet: the prefill queue the picker has built there.
+func (e *Endpoint) QueuedPrefill() int64 { return e.prefill.Load() }
+
+// AddQueuedPrefill moves QueuedPrefill; the prefill scorer charges at pick and discharges at the
+// response or the stream's end. Keeping it on the Endpoint, whose identity is the pointer,
+// means a late discharge can never land on an endpoint that later reused the same slot.
+func (e *Endpoint) AddQueuedPrefill(d int64) { e.prefill.Add(d) }
 
 // Removed reports whether the endpoint has left the pool.
 func (e *Endpoint) Removed() bool { return e.removed.Load() }
