@@ -9,8 +9,8 @@ import (
 // per endpoint, plus a reverse map from block hash to the endpoints that hold it.
 //
 // Memory: every (endpoint, block) entry is one 32-byte node in a paged slab plus one 16-byte slot
-// (at most 7/8 full) in its endpoint's hash→node table; each distinct block adds one 16-byte slot
-// in the reverse table. That is ~60-80 bytes per entry in all, steady under endless churn
+// (at most 3/4 full) in its endpoint's hash→node table; each distinct block adds one 16-byte slot
+// in the reverse table. That is ~60-85 bytes per entry in all, steady under endless churn
 // (docs/benchmarks.md has the measurements), against 100+ bytes for a golang-lru cache alone:
 // the slab links the LRU list and the holder list with 32-bit node numbers instead of pointers,
 // and the tables (table.go) leave no tombstones.
