@@ -206,17 +206,27 @@ func (pl *Plugin) EndpointsChanged(_, removed []*router.Endpoint) {
 // PendingCount is the number of live pending records (for tests and metrics).
 func (pl *Plugin) PendingCount() int { return pl.pending.len() }
 
-// MatchedBlocks reports, for a request the prefix scorer has scored, how many leading blocks of
-// its prompt ep likely holds (from the index and pending records, before the minMatchBlocks
-// cut) and how many blocks the prompt has. Scorers that run after the prefix scorer use it to
-// weigh the prefill work a choice saves; (0, 0) means the request has no scored prompt.
-func MatchedBlocks(req *router.Request, ep *router.Endpoint) (matched, total int) {
+// Matches is what the prefix scorer found for one request: how many leading blocks of its prompt
+// each endpoint likely holds (index and pending records, before the minMatchBlocks cut).
+type Matches struct {
+	lens  []int32
+	Total int // blocks in the prompt; 0 when the request has no scored prompt
+}
+
+// Blocks returns the number of leading prompt blocks ep likely holds.
+func (m Matches) Blocks(ep *router.Endpoint) int {
+	if ep.Slot < len(m.lens) {
+		return int(m.lens[ep.Slot])
+	}
+	return 0
+}
+
+// MatchesOf returns the prefix scorer's findings for req, for scorers that run after it and
+// weigh the prefill work a choice saves. The zero Matches means the request has no scored prompt.
+func MatchesOf(req *router.Request) Matches {
 	st, _ := req.Get(stateKey).(*state)
 	if st == nil || !st.scored {
-		return 0, 0
+		return Matches{}
 	}
-	if ep.Slot < len(st.lens) {
-		matched = int(st.lens[ep.Slot])
-	}
-	return matched, len(st.hashes)
+	return Matches{lens: st.lens, Total: len(st.hashes)}
 }

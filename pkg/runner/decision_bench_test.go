@@ -99,36 +99,3 @@ func BenchmarkDecision(b *testing.B) {
 		}
 	}
 }
-
-// BenchmarkCommit measures the response-path cost: committing a prompt's blocks to the index.
-func BenchmarkCommit(b *testing.B) {
-	for _, size := range []int{4 << 10, 64 << 10} {
-		b.Run(fmt.Sprintf("body=%dKB", size>>10), func(b *testing.B) {
-			pk := benchPipeline(b, 64)
-			warm(b, pk, 64, size)
-			body := benchBody(7, size)
-			var parsed openai.Request
-			req := &router.Request{}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				b.StopTimer()
-				req.Reset()
-				req.API = openai.APIChatCompletions
-				if err := openai.Parse(openai.APIChatCompletions, body, &parsed); err != nil {
-					b.Fatal(err)
-				}
-				req.Body, req.Model = &parsed, parsed.Model
-				d, err := pk.Pipeline.Schedule(context.Background(), req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-				pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
-				b.StopTimer()
-				pk.Pipeline.Done(req, d.Endpoint)
-				b.StartTimer()
-			}
-		})
-	}
-}

@@ -70,10 +70,9 @@ func New(p Params) (*Scorer, error) {
 // Name implements router.Plugin.
 func (*Scorer) Name() string { return Name }
 
-// work is the prefill work, in blocks, that req itself brings to ep.
-func (s *Scorer) work(req *router.Request, ep *router.Endpoint) int64 {
-	matched, total := prefix.MatchedBlocks(req, ep)
-	return int64(total - matched + s.p.RequestOverheadBlocks)
+// work is the prefill work, in blocks, that a request with matches m brings to ep.
+func (s *Scorer) work(m prefix.Matches, ep *router.Endpoint) int64 {
+	return int64(m.Total - m.Blocks(ep) + s.p.RequestOverheadBlocks)
 }
 
 // Score implements router.Scorer: 1 for the cheapest endpoint (queue plus own work), falling
@@ -86,8 +85,9 @@ func (s *Scorer) Score(_ context.Context, req *router.Request, eps []*router.End
 	}
 	costs := (*cp)[:0]
 	least := int64(-1)
+	m := prefix.MatchesOf(req)
 	for _, e := range eps {
-		c := max(e.QueuedPrefill(), 0) + s.work(req, e)
+		c := max(e.QueuedPrefill(), 0) + s.work(m, e)
 		costs = append(costs, c)
 		if least < 0 || c < least {
 			least = c
@@ -102,7 +102,7 @@ func (s *Scorer) Score(_ context.Context, req *router.Request, eps []*router.End
 
 // Picked charges the endpoint with the request's predicted uncached blocks.
 func (s *Scorer) Picked(req *router.Request, ep *router.Endpoint) {
-	n := s.work(req, ep)
+	n := s.work(prefix.MatchesOf(req), ep)
 	ep.AddQueuedPrefill(n)
 	req.Set(stateKey, &charge{ep: ep, blocks: n})
 }
