@@ -1,7 +1,6 @@
 package devgateway
 
 import (
-	"encoding/json"
 	"net"
 	"net/http"
 	"net/netip"
@@ -9,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kvpick/kvpick/pkg/dataplane"
+	"github.com/kvpick/kvpick/pkg/openai"
 )
 
 // hopByHop headers belong to one connection and are never forwarded (RFC 9110 7.6.1); Envoy
@@ -92,22 +92,7 @@ func writeImmediate(w http.ResponseWriter, im *dataplane.Immediate) {
 	_, _ = w.Write(im.Body)
 }
 
-// apiError is the OpenAI error shape, the one the picker and vLLM use.
-type apiError struct {
-	Error apiErrorBody `json:"error"`
-}
-
-type apiErrorBody struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    string  `json:"code"`
-}
-
-func errorBody(typ, code, msg string) []byte {
-	b, _ := json.Marshal(apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}})
-	return b
-}
+func errorBody(typ, code, msg string) []byte { return openai.ErrorJSON(typ, code, "", msg) }
 
 // writeError writes the gateway's own OpenAI-style JSON error.
 func writeError(w http.ResponseWriter, status int, typ, code, msg string) {

@@ -1,7 +1,6 @@
 package extproc
 
 import (
-	"encoding/json"
 	"strconv"
 	"strings"
 
@@ -10,6 +9,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/pool"
 )
 
@@ -95,25 +95,9 @@ func servedEndpoint(md *corev3.Metadata) string {
 	return v
 }
 
-// apiError is an OpenAI-style error body.
-type apiError struct {
-	Error apiErrorBody `json:"error"`
-}
-
-type apiErrorBody struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    string  `json:"code"`
-}
-
 // immediate builds an ImmediateResponse that ends the request with an OpenAI-style JSON error.
 func immediate(status int, typ, code, param, msg, requestID string) *extprocv3.ProcessingResponse {
-	e := apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}}
-	if param != "" {
-		e.Error.Param = &param
-	}
-	body, _ := json.Marshal(e)
+	body := openai.ErrorJSON(typ, code, param, msg)
 	hdrs := []*corev3.HeaderValueOption{
 		setHeader("content-type", "application/json"),
 		setHeader(contentLengthHeader, strconv.Itoa(len(body))),
