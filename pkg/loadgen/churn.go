@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"github.com/kvpick/kvpick/pkg/promtext"
+
 	"context"
 	"fmt"
 	"io"
@@ -41,12 +43,12 @@ func DefaultChurnOptions() ChurnOptions {
 
 // ChurnSample is one sample of the picker's memory.
 type ChurnSample struct {
-	T              float64 `json:"t_s"`
-	Exchanges      int64   `json:"exchanges"`
-	RSSBytes       Num     `json:"rss_bytes"`
-	HeapInuseBytes Num     `json:"heap_inuse_bytes"`
-	IndexEntries   Num     `json:"index_entries"`
-	IndexBytes     Num     `json:"index_bytes"`
+	T              float64      `json:"t_s"`
+	Exchanges      int64        `json:"exchanges"`
+	RSSBytes       promtext.Num `json:"rss_bytes"`
+	HeapInuseBytes promtext.Num `json:"heap_inuse_bytes"`
+	IndexEntries   promtext.Num `json:"index_entries"`
+	IndexBytes     promtext.Num `json:"index_bytes"`
 }
 
 // ChurnResult is the churn scenario's report.
@@ -72,31 +74,31 @@ type ChurnResult struct {
 	Baseline ChurnSample   `json:"baseline"` // before the first request
 	Samples  []ChurnSample `json:"samples"`
 
-	BoundReachedS      Num `json:"bound_reached_s"` // first sample with entries ≥ 99 % of the bound
-	EntriesAtEnd       Num `json:"entries_at_end"`
-	IndexBytesPerEntry Num `json:"index_bytes_per_entry"` // index bytes / entries, mean over samples at the bound
+	BoundReachedS      promtext.Num `json:"bound_reached_s"` // first sample with entries ≥ 99 % of the bound
+	EntriesAtEnd       promtext.Num `json:"entries_at_end"`
+	IndexBytesPerEntry promtext.Num `json:"index_bytes_per_entry"` // index bytes / entries, mean over samples at the bound
 	// Heap growth per entry over the baseline (taken after a forced collection): Live from a
 	// scrape after the load stopped and a collection was forced (the index's true cost plus
 	// the picker's steady-state buffers); Mean over the samples at the bound, which also count
 	// garbage not yet collected.
-	HeapGrowthPerEntryLive Num         `json:"heap_growth_per_entry_live"`
-	HeapGrowthPerEntryMean Num         `json:"heap_growth_per_entry_sampled_mean"`
-	FinalLive              ChurnSample `json:"final_live"` // after the load stopped, after a forced GC
-	HeapProfile            string      `json:"heap_profile,omitempty"`
-	Warnings               []string    `json:"warnings,omitempty"`
+	HeapGrowthPerEntryLive promtext.Num `json:"heap_growth_per_entry_live"`
+	HeapGrowthPerEntryMean promtext.Num `json:"heap_growth_per_entry_sampled_mean"`
+	FinalLive              ChurnSample  `json:"final_live"` // after the load stopped, after a forced GC
+	HeapProfile            string       `json:"heap_profile,omitempty"`
+	Warnings               []string     `json:"warnings,omitempty"`
 
-	RSSSlopeBytesPerMin      Num     `json:"rss_slope_second_half_bytes_per_min"`
-	HeapSlopeBytesPerMin     Num     `json:"heap_inuse_slope_second_half_bytes_per_min"`
-	IndexBytesSlopePerMin    Num     `json:"index_bytes_slope_second_half_per_min"`
-	FlatThresholdBytesPerMin float64 `json:"flat_threshold_bytes_per_min"`
-	RSSFlat                  bool    `json:"rss_flat"`
-	RSSSecondHalfMinBytes    Num     `json:"rss_second_half_min_bytes"`
-	RSSSecondHalfMaxBytes    Num     `json:"rss_second_half_max_bytes"`
-	PickerCPUSeconds         Num     `json:"picker_cpu_s"`
-	PickerCPUPerExchangeUS   Num     `json:"picker_cpu_per_exchange_us"`
-	PickerCores              Num     `json:"picker_cores"`
-	ClientCores              float64 `json:"client_cores"`
-	MachineBusyCores         Num     `json:"machine_busy_cores"`
+	RSSSlopeBytesPerMin      promtext.Num `json:"rss_slope_second_half_bytes_per_min"`
+	HeapSlopeBytesPerMin     promtext.Num `json:"heap_inuse_slope_second_half_bytes_per_min"`
+	IndexBytesSlopePerMin    promtext.Num `json:"index_bytes_slope_second_half_per_min"`
+	FlatThresholdBytesPerMin float64      `json:"flat_threshold_bytes_per_min"`
+	RSSFlat                  bool         `json:"rss_flat"`
+	RSSSecondHalfMinBytes    promtext.Num `json:"rss_second_half_min_bytes"`
+	RSSSecondHalfMaxBytes    promtext.Num `json:"rss_second_half_max_bytes"`
+	PickerCPUSeconds         promtext.Num `json:"picker_cpu_s"`
+	PickerCPUPerExchangeUS   promtext.Num `json:"picker_cpu_per_exchange_us"`
+	PickerCores              promtext.Num `json:"picker_cores"`
+	ClientCores              float64      `json:"client_cores"`
+	MachineBusyCores         promtext.Num `json:"machine_busy_cores"`
 }
 
 // RunChurn runs the churn scenario against t.
@@ -113,12 +115,12 @@ func RunChurn(ctx context.Context, t *Target, o ChurnOptions) (*ChurnResult, err
 		return nil, err
 	}
 	defer c.Close()
-	scr := NewScraper(t.MetricsURL)
+	scr := promtext.NewScraper(t.MetricsURL)
 	base, err := t.SampleLive(ctx, scr)
 	if err != nil {
 		return nil, fmt.Errorf("baseline scrape: %w", err)
 	}
-	res.Baseline = ChurnSample{RSSBytes: Num(base.RSS), HeapInuseBytes: Num(base.HeapInuse), IndexEntries: Num(base.IndexEntries), IndexBytes: Num(base.IndexBytes)}
+	res.Baseline = ChurnSample{RSSBytes: promtext.Num(base.RSS), HeapInuseBytes: promtext.Num(base.HeapInuse), IndexEntries: promtext.Num(base.IndexEntries), IndexBytes: promtext.Num(base.IndexBytes)}
 
 	var (
 		stop   atomic.Bool
@@ -184,13 +186,13 @@ loop:
 			runErr = fmt.Errorf("scrape at %s: %w", el.Truncate(time.Second), err)
 			break
 		}
-		cs := ChurnSample{T: el.Seconds(), Exchanges: done.Load(), RSSBytes: Num(s.RSS), HeapInuseBytes: Num(s.HeapInuse),
-			IndexEntries: Num(s.IndexEntries), IndexBytes: Num(s.IndexBytes)}
+		cs := ChurnSample{T: el.Seconds(), Exchanges: done.Load(), RSSBytes: promtext.Num(s.RSS), HeapInuseBytes: promtext.Num(s.HeapInuse),
+			IndexEntries: promtext.Num(s.IndexEntries), IndexBytes: promtext.Num(s.IndexBytes)}
 		res.Samples = append(res.Samples, cs)
 		last.Store(&cs)
 		if el >= o.Duration {
 			cpu, warn := CPUBetween(base, s)
-			res.PickerCPUSeconds = Num(cpu)
+			res.PickerCPUSeconds = promtext.Num(cpu)
 			if warn != "" {
 				res.Warnings = append(res.Warnings, warn)
 			}
@@ -211,8 +213,8 @@ loop:
 	var final *PickerSample
 	if fs, err := t.SampleLive(ctx, scr); err == nil && fs.Metrics != nil {
 		final = &fs
-		res.FinalLive = ChurnSample{T: time.Since(start).Seconds(), Exchanges: done.Load(), RSSBytes: Num(fs.RSS),
-			HeapInuseBytes: Num(fs.HeapInuse), IndexEntries: Num(fs.IndexEntries), IndexBytes: Num(fs.IndexBytes)}
+		res.FinalLive = ChurnSample{T: time.Since(start).Seconds(), Exchanges: done.Load(), RSSBytes: promtext.Num(fs.RSS),
+			HeapInuseBytes: promtext.Num(fs.HeapInuse), IndexEntries: promtext.Num(fs.IndexEntries), IndexBytes: promtext.Num(fs.IndexBytes)}
 	}
 	if o.HeapProfile != "" && t.PprofURL != "" {
 		if err := fetchProfile(ctx, t.PprofURL+"/heap", o.HeapProfile); err != nil {
@@ -239,12 +241,12 @@ loop:
 	}
 	res.ExchangesPerSec = float64(res.Exchanges) / elapsed.Seconds()
 	res.AddedLatency = LatencyOf(&lat)
-	res.PickerCPUPerExchangeUS = Num(float64(res.PickerCPUSeconds) / float64(res.Exchanges) * 1e6)
-	res.PickerCores = Num(float64(res.PickerCPUSeconds) / elapsed.Seconds())
+	res.PickerCPUPerExchangeUS = promtext.Num(float64(res.PickerCPUSeconds) / float64(res.Exchanges) * 1e6)
+	res.PickerCores = promtext.Num(float64(res.PickerCPUSeconds) / elapsed.Seconds())
 	res.ClientCores = (clientAfter - clientBefore).Seconds() / elapsed.Seconds()
-	res.MachineBusyCores = Num(math.NaN())
+	res.MachineBusyCores = promtext.Num(math.NaN())
 	if sysAfter.Total > sysBefore.Total {
-		res.MachineBusyCores = Num((sysAfter.Busy - sysBefore.Busy) / elapsed.Seconds())
+		res.MachineBusyCores = promtext.Num((sysAfter.Busy - sysBefore.Busy) / elapsed.Seconds())
 	}
 	res.analyze(base, final)
 	return res, nil
@@ -252,11 +254,11 @@ loop:
 
 // analyze derives the per-entry costs and the flatness verdict from the samples.
 func (res *ChurnResult) analyze(base PickerSample, final *PickerSample) {
-	nan := Num(math.NaN())
+	nan := promtext.Num(math.NaN())
 	res.BoundReachedS, res.EntriesAtEnd, res.IndexBytesPerEntry = nan, nan, nan
 	res.HeapGrowthPerEntryLive, res.HeapGrowthPerEntryMean = nan, nan
 	if final != nil && final.IndexEntries > 0 {
-		res.HeapGrowthPerEntryLive = Num((final.HeapInuse - base.HeapInuse) / final.IndexEntries)
+		res.HeapGrowthPerEntryLive = promtext.Num((final.HeapInuse - base.HeapInuse) / final.IndexEntries)
 	}
 	res.RSSSlopeBytesPerMin, res.HeapSlopeBytesPerMin, res.IndexBytesSlopePerMin = nan, nan, nan
 	res.RSSSecondHalfMinBytes, res.RSSSecondHalfMaxBytes = nan, nan
@@ -273,7 +275,7 @@ func (res *ChurnResult) analyze(base PickerSample, final *PickerSample) {
 		for i, s := range ss {
 			if float64(s.IndexEntries) >= 0.99*float64(res.Options.Bound) {
 				from = i
-				res.BoundReachedS = Num(s.T)
+				res.BoundReachedS = promtext.Num(s.T)
 				break
 			}
 		}
@@ -292,27 +294,27 @@ func (res *ChurnResult) analyze(base PickerSample, final *PickerSample) {
 			n++
 		}
 		if n > 0 {
-			res.IndexBytesPerEntry = Num(perEntry / float64(n))
-			res.HeapGrowthPerEntryMean = Num(heapMean / float64(n))
+			res.IndexBytesPerEntry = promtext.Num(perEntry / float64(n))
+			res.HeapGrowthPerEntryMean = promtext.Num(heapMean / float64(n))
 		}
 	}
 	half := ss[len(ss)/2:]
 	if len(half) >= 3 {
-		slope := func(f func(ChurnSample) Num) Num {
+		slope := func(f func(ChurnSample) promtext.Num) promtext.Num {
 			xs, ys := make([]float64, len(half)), make([]float64, len(half))
 			for i, s := range half {
 				xs[i], ys[i] = s.T, float64(f(s))
 			}
-			return Num(Slope(xs, ys) * 60)
+			return promtext.Num(Slope(xs, ys) * 60)
 		}
-		res.RSSSlopeBytesPerMin = slope(func(s ChurnSample) Num { return s.RSSBytes })
-		res.HeapSlopeBytesPerMin = slope(func(s ChurnSample) Num { return s.HeapInuseBytes })
-		res.IndexBytesSlopePerMin = slope(func(s ChurnSample) Num { return s.IndexBytes })
+		res.RSSSlopeBytesPerMin = slope(func(s ChurnSample) promtext.Num { return s.RSSBytes })
+		res.HeapSlopeBytesPerMin = slope(func(s ChurnSample) promtext.Num { return s.HeapInuseBytes })
+		res.IndexBytesSlopePerMin = slope(func(s ChurnSample) promtext.Num { return s.IndexBytes })
 		lo, hi := math.Inf(1), math.Inf(-1)
 		for _, s := range half {
 			lo, hi = math.Min(lo, float64(s.RSSBytes)), math.Max(hi, float64(s.RSSBytes))
 		}
-		res.RSSSecondHalfMinBytes, res.RSSSecondHalfMaxBytes = Num(lo), Num(hi)
+		res.RSSSecondHalfMinBytes, res.RSSSecondHalfMaxBytes = promtext.Num(lo), promtext.Num(hi)
 		res.RSSFlat = !math.IsNaN(float64(res.RSSSlopeBytesPerMin)) && float64(res.RSSSlopeBytesPerMin) <= res.FlatThresholdBytesPerMin
 	}
 }

@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"github.com/kvpick/kvpick/pkg/promtext"
+
 	"context"
 	"fmt"
 	"io"
@@ -43,7 +45,7 @@ func TestExchangeAgainstThePicker(t *testing.T) {
 	}
 	p.settled(t)
 	// The picker committed every prompt: the index holds entries now.
-	m, err := NewScraper(p.target.MetricsURL).Scrape(ctx)
+	m, err := promtext.NewScraper(p.target.MetricsURL).Scrape(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

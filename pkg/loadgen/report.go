@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"github.com/kvpick/kvpick/pkg/promtext"
+
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -10,14 +12,14 @@ import (
 	"text/tabwriter"
 )
 
-func fmtNum(v Num, format string) string {
+func fmtNum(v promtext.Num, format string) string {
 	if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
 		return "n/a"
 	}
 	return fmt.Sprintf(format, float64(v))
 }
 
-func mib(v Num) string { return fmtNum(v/(1<<20), "%.1f MiB") }
+func mib(v promtext.Num) string { return fmtNum(v/(1<<20), "%.1f MiB") }
 
 func writeErrors(w io.Writer, total int64, kinds map[string]int64, first string) {
 	fmt.Fprintf(w, "errors\t%d\n", total)
@@ -139,7 +141,7 @@ func (r *ChurnResult) WriteText(out io.Writer) {
 		verdict = "flat"
 	}
 	fmt.Fprintf(w, "RSS after warm-up\t%s: slope over the second half %s/min (threshold %s/min), range %s – %s\n", verdict,
-		mib(r.RSSSlopeBytesPerMin), mib(Num(r.FlatThresholdBytesPerMin)), mib(r.RSSSecondHalfMinBytes), mib(r.RSSSecondHalfMaxBytes))
+		mib(r.RSSSlopeBytesPerMin), mib(promtext.Num(r.FlatThresholdBytesPerMin)), mib(r.RSSSecondHalfMinBytes), mib(r.RSSSecondHalfMaxBytes))
 	fmt.Fprintf(w, "other slopes\theap in use %s/min, index bytes %s/min (second half)\n", mib(r.HeapSlopeBytesPerMin), mib(r.IndexBytesSlopePerMin))
 	writeErrors(w, r.Errors, r.ErrorKinds, r.FirstError)
 	for _, x := range r.Warnings {
@@ -154,7 +156,7 @@ func (r *ChurnResult) WriteText(out io.Writer) {
 // WriteCSV writes the samples, one a line.
 func (r *ChurnResult) WriteCSV(out io.Writer) error {
 	cw := csv.NewWriter(out)
-	f := func(v Num) string {
+	f := func(v promtext.Num) string {
 		if math.IsNaN(float64(v)) {
 			return ""
 		}

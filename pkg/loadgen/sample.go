@@ -1,13 +1,14 @@
 package loadgen
 
 import (
+	"github.com/kvpick/kvpick/pkg/promtext"
+
 	"context"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"runtime"
-	"strconv"
 )
 
 // PickerSample is one look at the picker process: its metrics page and, when it is local,
@@ -22,11 +23,11 @@ type PickerSample struct {
 	OpenStreams  float64 // kvpick_open_streams
 	IndexEntries float64 // kvpick_prefix_index_entries
 	IndexBytes   float64 // kvpick_prefix_index_bytes
-	Metrics      *Metrics
+	Metrics      *promtext.Metrics
 }
 
 // Sample scrapes the picker.
-func (t *Target) Sample(ctx context.Context, s *Scraper) (PickerSample, error) {
+func (t *Target) Sample(ctx context.Context, s *promtext.Scraper) (PickerSample, error) {
 	nan := math.NaN()
 	ps := PickerSample{CPUSeconds: nan, MetricCPU: nan, RSS: nan, HeapInuse: nan, Goroutines: nan, Inflight: nan, OpenStreams: nan, IndexEntries: nan, IndexBytes: nan}
 	m, err := s.Scrape(ctx)
@@ -94,29 +95,6 @@ func nanToZero(v float64) float64 {
 	return v
 }
 
-// Num is a float64 that encodes NaN (unavailable) as JSON null.
-type Num float64
-
-// MarshalJSON implements json.Marshaler.
-func (n Num) MarshalJSON() ([]byte, error) {
-	f := float64(n)
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		return []byte("null"), nil
-	}
-	return strconv.AppendFloat(nil, f, 'g', -1, 64), nil
-}
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (n *Num) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		*n = Num(math.NaN())
-		return nil
-	}
-	f, err := strconv.ParseFloat(string(b), 64)
-	*n = Num(f)
-	return err
-}
-
 // Latency summarises a latency histogram, in milliseconds.
 type Latency struct {
 	Count uint64  `json:"count"`
@@ -161,7 +139,7 @@ func (t *Target) ForceGC(ctx context.Context) bool {
 
 // SampleLive forces two collections (when it can: the second empties the sync.Pool victim
 // caches the first one filled) and then scrapes.
-func (t *Target) SampleLive(ctx context.Context, s *Scraper) (PickerSample, error) {
+func (t *Target) SampleLive(ctx context.Context, s *promtext.Scraper) (PickerSample, error) {
 	t.ForceGC(ctx)
 	t.ForceGC(ctx)
 	return t.Sample(ctx, s)

@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"github.com/kvpick/kvpick/pkg/promtext"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -94,7 +96,7 @@ func TestChurnShortRun(t *testing.T) {
 		t.Fatalf("%d samples", len(r.Samples))
 	}
 	// Unique prompts fill the small index to its bound and no further.
-	if math.IsNaN(float64(r.BoundReachedS)) || r.EntriesAtEnd != Num(o.Bound) {
+	if math.IsNaN(float64(r.BoundReachedS)) || r.EntriesAtEnd != promtext.Num(o.Bound) {
 		t.Errorf("bound %d: reached at %v, entries at end %v", o.Bound, r.BoundReachedS, r.EntriesAtEnd)
 	}
 	for _, s := range r.Samples {

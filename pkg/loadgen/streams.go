@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"github.com/kvpick/kvpick/pkg/promtext"
+
 	"context"
 	"fmt"
 	"io"
@@ -32,15 +34,15 @@ func DefaultStreamsOptions() StreamsOptions {
 
 // StreamsSnapshot is the picker's state at one moment of the run.
 type StreamsSnapshot struct {
-	RSSBytes       Num `json:"rss_bytes"`
-	HeapInuseBytes Num `json:"heap_inuse_bytes"`
-	Goroutines     Num `json:"goroutines"`
-	Inflight       Num `json:"inflight"`
-	OpenStreams    Num `json:"open_streams"`
+	RSSBytes       promtext.Num `json:"rss_bytes"`
+	HeapInuseBytes promtext.Num `json:"heap_inuse_bytes"`
+	Goroutines     promtext.Num `json:"goroutines"`
+	Inflight       promtext.Num `json:"inflight"`
+	OpenStreams    promtext.Num `json:"open_streams"`
 }
 
 func snapshotOf(s PickerSample) StreamsSnapshot {
-	return StreamsSnapshot{Num(s.RSS), Num(s.HeapInuse), Num(s.Goroutines), Num(s.Inflight), Num(s.OpenStreams)}
+	return StreamsSnapshot{promtext.Num(s.RSS), promtext.Num(s.HeapInuse), promtext.Num(s.Goroutines), promtext.Num(s.Inflight), promtext.Num(s.OpenStreams)}
 }
 
 // StreamsResult is the streams scenario's report.
@@ -74,12 +76,12 @@ type StreamsResult struct {
 	Peak     StreamsSnapshot `json:"peak"`     // maxima over the hold
 	After    StreamsSnapshot `json:"after"`    // once the gauges settled (heap: live, after a forced GC)
 
-	InflightMatches     bool `json:"inflight_matches"` // in-flight sum with all open == streams opened == streams asked
-	RSSPerStreamBytes   Num  `json:"rss_per_stream_bytes"`
-	HeapPerStreamBytes  Num  `json:"heap_per_stream_bytes"`
-	GoroutinesPerStream Num  `json:"goroutines_per_stream"`
+	InflightMatches     bool         `json:"inflight_matches"` // in-flight sum with all open == streams opened == streams asked
+	RSSPerStreamBytes   promtext.Num `json:"rss_per_stream_bytes"`
+	HeapPerStreamBytes  promtext.Num `json:"heap_per_stream_bytes"`
+	GoroutinesPerStream promtext.Num `json:"goroutines_per_stream"`
 	// Live heap (after a forced collection) once everything ended, minus the baseline's.
-	HeapRetainedBytes Num `json:"heap_retained_bytes"`
+	HeapRetainedBytes promtext.Num `json:"heap_retained_bytes"`
 
 	ReturnedToZero     bool    `json:"returned_to_zero"` // in-flight and open streams back to 0
 	SettleS            float64 `json:"settle_s"`
@@ -107,7 +109,7 @@ func RunStreams(ctx context.Context, t *Target, o StreamsOptions) (*StreamsResul
 		return nil, err
 	}
 	defer c.Close()
-	scr := NewScraper(t.MetricsURL)
+	scr := promtext.NewScraper(t.MetricsURL)
 	base, err := t.SampleLive(ctx, scr)
 	if err != nil {
 		return nil, fmt.Errorf("baseline scrape: %w", err)
@@ -271,12 +273,12 @@ func RunStreams(ctx context.Context, t *Target, o StreamsOptions) (*StreamsResul
 		}
 	}
 	res.After = snapshotOf(after)
-	res.HeapRetainedBytes = Num(after.HeapInuse - base.HeapInuse)
+	res.HeapRetainedBytes = promtext.Num(after.HeapInuse - base.HeapInuse)
 
 	n := float64(res.Opened)
 	res.InflightMatches = float64(res.AllOpen.Inflight) == n && res.Opened == int64(o.Streams)
-	res.RSSPerStreamBytes = Num((peak.RSS - base.RSS) / n)
-	res.HeapPerStreamBytes = Num((s.HeapInuse - base.HeapInuse) / n)
-	res.GoroutinesPerStream = Num((peak.Goroutines - base.Goroutines) / n)
+	res.RSSPerStreamBytes = promtext.Num((peak.RSS - base.RSS) / n)
+	res.HeapPerStreamBytes = promtext.Num((s.HeapInuse - base.HeapInuse) / n)
+	res.GoroutinesPerStream = promtext.Num((peak.Goroutines - base.Goroutines) / n)
 	return res, nil
 }

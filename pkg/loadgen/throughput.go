@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"github.com/kvpick/kvpick/pkg/promtext"
+
 	"context"
 	"fmt"
 	"io"
@@ -63,29 +65,29 @@ type ThroughputResult struct {
 	ErrorKinds      map[string]int64 `json:"error_kinds,omitempty"`
 	FirstError      string           `json:"first_error,omitempty"`
 
-	PickerCPUSeconds       Num     `json:"picker_cpu_s"`
-	PickerCores            Num     `json:"picker_cores"`               // CPU seconds per second of window
-	ExchangesPerCoreSecond Num     `json:"exchanges_per_core_s"`       // exchanges per picker CPU second
-	PickerCPUPerExchangeUS Num     `json:"picker_cpu_per_exchange_us"` // picker CPU per exchange
-	ClientCPUSeconds       float64 `json:"client_cpu_s"`
-	ClientCores            float64 `json:"client_cores"`
+	PickerCPUSeconds       promtext.Num `json:"picker_cpu_s"`
+	PickerCores            promtext.Num `json:"picker_cores"`               // CPU seconds per second of window
+	ExchangesPerCoreSecond promtext.Num `json:"exchanges_per_core_s"`       // exchanges per picker CPU second
+	PickerCPUPerExchangeUS promtext.Num `json:"picker_cpu_per_exchange_us"` // picker CPU per exchange
+	ClientCPUSeconds       float64      `json:"client_cpu_s"`
+	ClientCores            float64      `json:"client_cores"`
 	// Machine-wide busy cores over the window (/proc/stat), and what neither the picker nor
 	// the load generator used: other load on the machine, which skews every figure.
-	MachineBusyCores Num `json:"machine_busy_cores"`
-	OtherCores       Num `json:"other_cores"`
+	MachineBusyCores promtext.Num `json:"machine_busy_cores"`
+	OtherCores       promtext.Num `json:"other_cores"`
 
-	AddedLatency       Latency  `json:"added_latency"` // client-measured
-	DecisionP50US      Num      `json:"decision_p50_us"`
-	DecisionP99US      Num      `json:"decision_p99_us"`
-	DecisionCount      Num      `json:"decision_count"`
-	PredictedHitRatio  Num      `json:"predicted_hit_ratio"` // prefix blocks predicted cached / prompt blocks, over the window
-	Destinations       int      `json:"destinations"`        // distinct endpoints routed to
-	MaxDestShare       float64  `json:"max_destination_share"`
-	PickerRSSBytes     Num      `json:"picker_rss_bytes"`
-	PickerHeapInuse    Num      `json:"picker_heap_inuse_bytes"`
-	PickerIndexEntries Num      `json:"picker_index_entries"`
-	CPUProfile         string   `json:"cpu_profile,omitempty"`
-	Warnings           []string `json:"warnings,omitempty"`
+	AddedLatency       Latency      `json:"added_latency"` // client-measured
+	DecisionP50US      promtext.Num `json:"decision_p50_us"`
+	DecisionP99US      promtext.Num `json:"decision_p99_us"`
+	DecisionCount      promtext.Num `json:"decision_count"`
+	PredictedHitRatio  promtext.Num `json:"predicted_hit_ratio"` // prefix blocks predicted cached / prompt blocks, over the window
+	Destinations       int          `json:"destinations"`        // distinct endpoints routed to
+	MaxDestShare       float64      `json:"max_destination_share"`
+	PickerRSSBytes     promtext.Num `json:"picker_rss_bytes"`
+	PickerHeapInuse    promtext.Num `json:"picker_heap_inuse_bytes"`
+	PickerIndexEntries promtext.Num `json:"picker_index_entries"`
+	CPUProfile         string       `json:"cpu_profile,omitempty"`
+	Warnings           []string     `json:"warnings,omitempty"`
 }
 
 type workerStats struct {
@@ -127,7 +129,7 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 		return nil, err
 	}
 	defer c.Close()
-	scr := NewScraper(t.MetricsURL)
+	scr := promtext.NewScraper(t.MetricsURL)
 
 	const (
 		phaseWarmup = iota
@@ -280,37 +282,37 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 	if warn != "" {
 		res.Warnings = append(res.Warnings, warn)
 	}
-	res.PickerCPUSeconds = Num(cpu)
-	res.PickerCores = Num(cpu / res.WindowS)
-	res.ExchangesPerCoreSecond = Num(float64(res.Exchanges) / cpu)
-	res.PickerCPUPerExchangeUS = Num(cpu / float64(res.Exchanges) * 1e6)
+	res.PickerCPUSeconds = promtext.Num(cpu)
+	res.PickerCores = promtext.Num(cpu / res.WindowS)
+	res.ExchangesPerCoreSecond = promtext.Num(float64(res.Exchanges) / cpu)
+	res.PickerCPUPerExchangeUS = promtext.Num(cpu / float64(res.Exchanges) * 1e6)
 	res.ClientCPUSeconds = (clientAfter - clientBefore).Seconds()
 	res.ClientCores = res.ClientCPUSeconds / res.WindowS
-	res.MachineBusyCores, res.OtherCores = Num(math.NaN()), Num(math.NaN())
+	res.MachineBusyCores, res.OtherCores = promtext.Num(math.NaN()), promtext.Num(math.NaN())
 	if sysAfter.Total > sysBefore.Total {
 		busy := (sysAfter.Busy - sysBefore.Busy) / res.WindowS
-		res.MachineBusyCores = Num(busy)
+		res.MachineBusyCores = promtext.Num(busy)
 		if t.PID > 0 {
-			res.OtherCores = Num(max(0, busy-float64(res.PickerCores)-res.ClientCores))
+			res.OtherCores = promtext.Num(max(0, busy-float64(res.PickerCores)-res.ClientCores))
 		}
 	}
 
-	nan := Num(math.NaN())
+	nan := promtext.Num(math.NaN())
 	res.DecisionP50US, res.DecisionP99US, res.DecisionCount, res.PredictedHitRatio = nan, nan, nan, nan
 	if after.Metrics != nil {
-		d := SubBuckets(after.Metrics.Histogram("kvpick_decision_duration_seconds"), before.Metrics.Histogram("kvpick_decision_duration_seconds"))
+		d := promtext.SubBuckets(after.Metrics.Histogram("kvpick_decision_duration_seconds"), before.Metrics.Histogram("kvpick_decision_duration_seconds"))
 		if len(d) > 0 {
-			res.DecisionP50US = Num(BucketQuantile(0.5, d) * 1e6)
-			res.DecisionP99US = Num(BucketQuantile(0.99, d) * 1e6)
-			res.DecisionCount = Num(d[len(d)-1].Count)
+			res.DecisionP50US = promtext.Num(promtext.BucketQuantile(0.5, d) * 1e6)
+			res.DecisionP99US = promtext.Num(promtext.BucketQuantile(0.99, d) * 1e6)
+			res.DecisionCount = promtext.Num(d[len(d)-1].Count)
 		}
 		hit := after.Metrics.Value("kvpick_prefix_predicted_hit_blocks_total") - before.Metrics.Value("kvpick_prefix_predicted_hit_blocks_total")
 		all := after.Metrics.Value("kvpick_prefix_request_blocks_total") - before.Metrics.Value("kvpick_prefix_request_blocks_total")
 		if all > 0 {
-			res.PredictedHitRatio = Num(hit / all)
+			res.PredictedHitRatio = promtext.Num(hit / all)
 		}
 	}
-	res.PickerRSSBytes, res.PickerHeapInuse, res.PickerIndexEntries = Num(after.RSS), Num(after.HeapInuse), Num(after.IndexEntries)
+	res.PickerRSSBytes, res.PickerHeapInuse, res.PickerIndexEntries = promtext.Num(after.RSS), promtext.Num(after.HeapInuse), promtext.Num(after.IndexEntries)
 	return res, nil
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/engine"
+	"github.com/kvpick/kvpick/pkg/promtext"
 )
 
 // Options configure a benchmark: every workload × every policy.
@@ -203,7 +204,7 @@ func (o *Options) progressf(format string, args ...any) {
 
 func (o *Options) runOne(ctx context.Context, w *Workload, pol string, ecfg engine.Config, pcfg *config.Config, bin, tmp string) (s *Summary, err error) {
 	rc := RunConfig{Workload: w, Policy: pol, Engines: o.Engines, Engine: ecfg, Clock: o.Clock, TimeScale: o.TimeScale}
-	var before Scrape
+	var before *promtext.Metrics
 	if pol == KVPick {
 		var p *Picker
 		if o.PickerAddr != "" {
@@ -250,25 +251,25 @@ func (o *Options) runOne(ctx context.Context, w *Workload, pol string, ecfg engi
 
 // addPickerMetrics fills the picker's numbers from two scrapes of its /metrics, before and
 // after the run.
-func addPickerMetrics(s *Summary, before, after Scrape) {
+func addPickerMetrics(s *Summary, before, after *promtext.Metrics) {
 	const dec = "kvpick_decision_duration_seconds"
-	bs := SubtractBuckets(after.Histogram(dec), before.Histogram(dec))
-	s.Decision = Quantiles{P50: Num(BucketQuantile(0.5, bs)), P90: Num(BucketQuantile(0.9, bs)), P99: Num(BucketQuantile(0.99, bs)),
+	bs := promtext.SubBuckets(after.Histogram(dec), before.Histogram(dec))
+	s.Decision = Quantiles{P50: Num(promtext.BucketQuantile(0.5, bs)), P90: Num(promtext.BucketQuantile(0.9, bs)), P99: Num(promtext.BucketQuantile(0.99, bs)),
 		Mean: Num(math.NaN())}
-	sum1, _ := after.Value(dec+"_sum", nil)
-	sum0, _ := before.Value(dec+"_sum", nil)
-	n1, _ := after.Value(dec+"_count", nil)
-	n0, _ := before.Value(dec+"_count", nil)
+	sum1, _ := value(after, dec+"_sum")
+	sum0, _ := value(before, dec+"_sum")
+	n1, _ := value(after, dec+"_count")
+	n0, _ := value(before, dec+"_count")
 	if n1 > n0 {
 		s.Decision.Mean = Num((sum1 - sum0) / (n1 - n0))
 	}
-	if v, ok := after.Value("process_resident_memory_bytes", nil); ok {
+	if v, ok := value(after, "process_resident_memory_bytes"); ok {
 		s.PickerRSSBytes = Num(v)
 	}
-	h1, ok1 := after.Value("kvpick_prefix_predicted_hit_blocks_total", nil)
-	t1, ok2 := after.Value("kvpick_prefix_request_blocks_total", nil)
-	h0, _ := before.Value("kvpick_prefix_predicted_hit_blocks_total", nil)
-	t0, _ := before.Value("kvpick_prefix_request_blocks_total", nil)
+	h1, ok1 := value(after, "kvpick_prefix_predicted_hit_blocks_total")
+	t1, ok2 := value(after, "kvpick_prefix_request_blocks_total")
+	h0, _ := value(before, "kvpick_prefix_predicted_hit_blocks_total")
+	t0, _ := value(before, "kvpick_prefix_request_blocks_total")
 	if ok1 && ok2 && t1 > t0 {
 		s.PredictedHitRatio = Num((h1 - h0) / (t1 - t0))
 	}

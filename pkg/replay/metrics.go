@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/kvpick/kvpick/pkg/promtext"
 )
 
 // Percentile returns the p-th percentile (0 < p <= 100) of values by the nearest-rank method:
@@ -39,28 +41,8 @@ func Imbalance(counts []int) float64 {
 	return float64(mx) / (float64(sum) / float64(len(counts)))
 }
 
-// Num is a float64 that is written to JSON as null when it is NaN or infinite (not measured).
-type Num float64
-
-// MarshalJSON writes null for NaN and infinities.
-func (n Num) MarshalJSON() ([]byte, error) {
-	f := float64(n)
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		return []byte("null"), nil
-	}
-	return strconv.AppendFloat(nil, f, 'g', -1, 64), nil
-}
-
-// UnmarshalJSON reads null as NaN.
-func (n *Num) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		*n = Num(math.NaN())
-		return nil
-	}
-	f, err := strconv.ParseFloat(string(b), 64)
-	*n = Num(f)
-	return err
-}
+// Num is a value that may be unmeasured (NaN, written to JSON as null).
+type Num = promtext.Num
 
 // Quantiles are latency percentiles in seconds.
 type Quantiles struct {

@@ -55,66 +55,6 @@ func TestImbalance(t *testing.T) {
 	}
 }
 
-func TestBucketQuantile(t *testing.T) {
-	// 10 observations in (0, 1], 10 in (1, 2], none above.
-	bs := []Bucket{{1, 10}, {2, 20}, {4, 20}, {math.Inf(1), 20}}
-	for _, tc := range []struct{ q, want float64 }{{0.25, 0.5}, {0.5, 1}, {0.75, 1.5}, {1, 2}} {
-		if got := BucketQuantile(tc.q, bs); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("q%v = %v, want %v", tc.q, got, tc.want)
-		}
-	}
-	// A rank in +Inf returns the largest finite bound; no observations is NaN.
-	if got := BucketQuantile(0.99, []Bucket{{1, 1}, {math.Inf(1), 10}}); got != 1 {
-		t.Errorf("rank in +Inf: %v", got)
-	}
-	if !math.IsNaN(BucketQuantile(0.5, []Bucket{{1, 0}, {math.Inf(1), 0}})) {
-		t.Error("empty histogram is not NaN")
-	}
-	// One run of a long-lived picker: after − before.
-	d := SubtractBuckets([]Bucket{{1, 15}, {2, 30}, {math.Inf(1), 30}}, []Bucket{{1, 5}, {2, 10}, {math.Inf(1), 10}})
-	if d[0].Count != 10 || d[1].Count != 20 || d[2].Count != 20 {
-		t.Errorf("subtract: %v", d)
-	}
-}
-
-func TestParseMetrics(t *testing.T) {
-	page := `# HELP kvpick_decision_duration_seconds Time.
-# TYPE kvpick_decision_duration_seconds histogram
-kvpick_decision_duration_seconds_bucket{le="2e-06"} 0
-kvpick_decision_duration_seconds_bucket{le="4e-06"} 3
-kvpick_decision_duration_seconds_bucket{le="+Inf"} 4
-kvpick_decision_duration_seconds_sum 1.2e-05
-kvpick_decision_duration_seconds_count 4
-kvpick_requests_total{outcome="success",status="200"} 7
-kvpick_requests_total{outcome="upstream_error",status="500"} 2
-process_resident_memory_bytes 3.3554432e+07
-weird{a="x\"y",b="z"} 1
-`
-	sc, err := ParseMetrics(strings.NewReader(page))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, _ := sc.Value("process_resident_memory_bytes", nil); v != 32<<20 {
-		t.Errorf("rss %v", v)
-	}
-	if v, _ := sc.Value("kvpick_requests_total", nil); v != 9 {
-		t.Errorf("requests total %v", v)
-	}
-	if v, _ := sc.Value("kvpick_requests_total", map[string]string{"outcome": "success"}); v != 7 {
-		t.Errorf("successes %v", v)
-	}
-	if v, ok := sc.Value("weird", map[string]string{"a": `x"y`, "b": "z"}); !ok || v != 1 {
-		t.Errorf("escaped label: %v %v", v, ok)
-	}
-	bs := sc.Histogram("kvpick_decision_duration_seconds")
-	if len(bs) != 3 || bs[1].UpperBound != 4e-6 || bs[1].Count != 3 || !math.IsInf(bs[2].UpperBound, 1) {
-		t.Fatalf("buckets %v", bs)
-	}
-	if _, err := ParseMetrics(strings.NewReader("x{a=\"1\" 2\n")); err == nil {
-		t.Error("a broken line was accepted")
-	}
-}
-
 // TestSummarize checks the report's arithmetic on a hand-made run: two engines, four requests
 // (one injected failure, one picker rejection).
 func TestSummarize(t *testing.T) {

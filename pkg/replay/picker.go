@@ -8,19 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sigs.k8s.io/yaml"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -29,6 +26,7 @@ import (
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/dataplane"
+	"github.com/kvpick/kvpick/pkg/promtext"
 )
 
 // PickerPackage is the import path of the picker's command.
@@ -340,183 +338,10 @@ func (t *tail) String() string {
 
 // ---- /metrics ------------------------------------------------------------------------------
 
-// promSample is one sample line of the Prometheus text format.
-type promSample struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
-// Scrape is a parsed /metrics page.
-type Scrape []promSample
-
 // ScrapeMetrics fetches and parses http://addr/metrics.
-func ScrapeMetrics(ctx context.Context, addr string) (Scrape, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	return ParseMetrics(resp.Body)
+func ScrapeMetrics(ctx context.Context, addr string) (*promtext.Metrics, error) {
+	return promtext.NewScraper("http://" + addr + "/metrics").Scrape(ctx)
 }
 
-// ParseMetrics parses the Prometheus text exposition format (the subset client_golang writes:
-// no timestamps).
-func ParseMetrics(r io.Reader) (Scrape, error) {
-	var out Scrape
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		var s promSample
-		rest := line
-		if i := strings.IndexByte(line, '{'); i >= 0 {
-			j := strings.LastIndexByte(line, '}')
-			if j < i {
-				return nil, fmt.Errorf("bad metrics line %q", line)
-			}
-			s.name = line[:i]
-			s.labels = parseLabels(line[i+1 : j])
-			rest = strings.TrimSpace(line[j+1:])
-		} else {
-			f := strings.Fields(line)
-			if len(f) < 2 {
-				return nil, fmt.Errorf("bad metrics line %q", line)
-			}
-			s.name, rest = f[0], f[1]
-		}
-		if f := strings.Fields(rest); len(f) > 0 {
-			rest = f[0]
-		}
-		v, err := strconv.ParseFloat(rest, 64)
-		if err != nil {
-			return nil, fmt.Errorf("bad metrics value in %q", line)
-		}
-		s.value = v
-		out = append(out, s)
-	}
-	return out, sc.Err()
-}
-
-func parseLabels(s string) map[string]string {
-	m := map[string]string{}
-	for len(s) > 0 {
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			break
-		}
-		k := strings.TrimSpace(strings.TrimPrefix(s[:eq], ","))
-		var v strings.Builder
-		i := eq + 2
-		for ; i < len(s) && s[i] != '"'; i++ {
-			if s[i] == '\\' && i+1 < len(s) {
-				i++
-				switch s[i] {
-				case 'n':
-					v.WriteByte('\n')
-				default:
-					v.WriteByte(s[i])
-				}
-				continue
-			}
-			v.WriteByte(s[i])
-		}
-		m[k] = v.String()
-		s = strings.TrimPrefix(s[min(i+1, len(s)):], ",")
-	}
-	return m
-}
-
-// Value returns the sum of the samples named name whose labels include match.
-func (sc Scrape) Value(name string, match map[string]string) (float64, bool) {
-	sum, found := 0.0, false
-outer:
-	for _, s := range sc {
-		if s.name != name {
-			continue
-		}
-		for k, v := range match {
-			if s.labels[k] != v {
-				continue outer
-			}
-		}
-		sum += s.value
-		found = true
-	}
-	return sum, found
-}
-
-// Bucket is one cumulative histogram bucket.
-type Bucket struct {
-	UpperBound float64 // +Inf for the last
-	Count      float64
-}
-
-// Histogram returns the cumulative buckets of histogram name, sorted by bound.
-func (sc Scrape) Histogram(name string) []Bucket {
-	var bs []Bucket
-	for _, s := range sc {
-		if s.name != name+"_bucket" {
-			continue
-		}
-		le, err := strconv.ParseFloat(s.labels["le"], 64)
-		if err != nil {
-			continue
-		}
-		bs = append(bs, Bucket{le, s.value})
-	}
-	sort.Slice(bs, func(i, j int) bool { return bs[i].UpperBound < bs[j].UpperBound })
-	return bs
-}
-
-// SubtractBuckets returns after − before, bucket by bucket (for one run of a long-lived picker).
-func SubtractBuckets(after, before []Bucket) []Bucket {
-	out := append([]Bucket(nil), after...)
-	for i := range out {
-		for _, b := range before {
-			if b.UpperBound == out[i].UpperBound {
-				out[i].Count -= b.Count
-			}
-		}
-	}
-	return out
-}
-
-// BucketQuantile estimates quantile q (0..1) from cumulative buckets as Prometheus's
-// histogram_quantile does: linear interpolation inside the bucket that holds the rank, the
-// lower bound of the first bucket being 0; a rank in the +Inf bucket returns the largest finite
-// bound. NaN when there are no observations.
-func BucketQuantile(q float64, bs []Bucket) float64 {
-	if len(bs) == 0 {
-		return math.NaN()
-	}
-	total := bs[len(bs)-1].Count
-	if total <= 0 {
-		return math.NaN()
-	}
-	rank := q * total
-	prevBound, prevCount := 0.0, 0.0
-	for i, b := range bs {
-		if b.Count >= rank && b.Count > prevCount {
-			if math.IsInf(b.UpperBound, 1) {
-				if i == 0 {
-					return math.NaN()
-				}
-				return bs[i-1].UpperBound
-			}
-			return prevBound + (b.UpperBound-prevBound)*(rank-prevCount)/(b.Count-prevCount)
-		}
-		prevBound, prevCount = b.UpperBound, b.Count
-	}
-	return bs[len(bs)-1].UpperBound
-}
+// value reads a metric summed over its series; ok is false when the page does not have it.
+func value(m *promtext.Metrics, name string) (v float64, ok bool) { return m.Sum(name), m.Has(name) }

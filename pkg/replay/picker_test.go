@@ -199,7 +199,7 @@ func TestFailedRequestsCreateNoAffinity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hits, _ := sc.Value("kvpick_prefix_predicted_hit_blocks_total", nil)
+		hits, _ := value(sc, "kvpick_prefix_predicted_hit_blocks_total")
 		top := 0
 		for _, c := range counts {
 			top = max(top, c)

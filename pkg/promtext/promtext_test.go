@@ -1,4 +1,4 @@
-package loadgen
+package promtext
 
 import (
 	"encoding/json"

@@ -1,4 +1,6 @@
-package loadgen
+// Package promtext reads the Prometheus text exposition format: enough of a /metrics page for
+// the load and replay tools to report what the picker measured about itself.
+package promtext
 
 import (
 	"bufio"
@@ -259,3 +261,28 @@ func (s *Scraper) Scrape(ctx context.Context) (*Metrics, error) {
 	}
 	return ParseMetrics(resp.Body)
 }
+
+// Num is a value read from a metrics page, NaN when the page did not have it; it is written to
+// JSON as null then, so reports tell "0" from "not measured".
+type Num float64
+
+// MarshalJSON implements json.Marshaler.
+func (n Num) MarshalJSON() ([]byte, error) {
+	f := float64(n)
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, f, 'g', -1, 64), nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (n *Num) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*n = Num(math.NaN())
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	*n = Num(f)
+	return err
+}
+
