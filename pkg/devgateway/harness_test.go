@@ -15,15 +15,14 @@ import (
 	"testing"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
-	"google.golang.org/grpc"
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/devgateway"
 	"github.com/kvpick/kvpick/pkg/runner"
+	"github.com/kvpick/kvpick/pkg/runner/runnertest"
 )
 
 // testTimeout bounds every client call: a gateway that hangs fails the test instead of
@@ -35,7 +34,6 @@ const testTimeout = 30 * time.Second
 type picker struct {
 	pk   *runner.Picker
 	addr string
-	gs   *grpc.Server
 }
 
 func startPicker(t *testing.T, endpoints []string, edit func(*config.Config)) *picker {
@@ -45,19 +43,8 @@ func startPicker(t *testing.T, endpoints []string, edit func(*config.Config)) *p
 	if edit != nil {
 		edit(cfg)
 	}
-	pk, err := runner.Build(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(int(cfg.ExtProc.MaxBodyBytes) + 1<<20))
-	extprocv3.RegisterExternalProcessorServer(gs, pk.Server)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return &picker{pk: pk, addr: lis.Addr().String(), gs: gs}
+	pk, addr := runnertest.Serve(t, cfg)
+	return &picker{pk: pk, addr: addr}
 }
 
 // metric sums a counter or gauge over the label sets that match labels (name, value, ...).

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,13 +13,13 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/dataplane"
 	"github.com/kvpick/kvpick/pkg/runner"
+	"github.com/kvpick/kvpick/pkg/runner/runnertest"
 )
 
 // harness is a real picker (default pipeline) behind a real gRPC server on loopback, and an
@@ -41,27 +40,14 @@ func newHarness(t *testing.T, edit func(*config.Config)) *harness {
 	if edit != nil {
 		edit(cfg)
 	}
-	pk, err := runner.Build(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(int(cfg.ExtProc.MaxBodyBytes) + 1<<20))
-	extprocv3.RegisterExternalProcessorServer(gs, pk.Server)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(lis)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	pk, addr := runnertest.Serve(t, cfg)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, pk: pk, conn: conn, client: dataplane.New(conn, dataplane.WithMessageTimeout(5*time.Second))}
-	t.Cleanup(func() {
-		conn.Close()
-		gs.Stop()
-	})
+	t.Cleanup(func() { conn.Close() })
 	return h
 }
 

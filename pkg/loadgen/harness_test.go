@@ -1,20 +1,17 @@
 package loadgen
 
 import (
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/pprof"
 	"testing"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/runner"
+	"github.com/kvpick/kvpick/pkg/runner/runnertest"
 )
 
 // inProcess is a real picker (runner.Build) behind a gRPC server on loopback, with its metrics
@@ -42,28 +39,15 @@ func startInProcess(t *testing.T, endpoints, lruCapacity int) *inProcess {
 		c.Pool.Endpoints = cfg.Pool.Endpoints
 		cfg = c
 	}
-	pk, err := runner.Build(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(int(cfg.ExtProc.MaxBodyBytes) + 1<<20))
-	extprocv3.RegisterExternalProcessorServer(gs, pk.Server)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(lis)
+	pk, addr := runnertest.Serve(t, cfg)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(pk.Registry, promhttp.HandlerOpts{}))
 	mux.Handle("/debug/pprof/heap", pprof.Handler("heap"))
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	hs := httptest.NewServer(mux)
-	t.Cleanup(func() {
-		hs.Close()
-		gs.Stop()
-	})
+	t.Cleanup(hs.Close)
 	return &inProcess{pk: pk, target: &Target{
-		GRPCAddr:   lis.Addr().String(),
+		GRPCAddr:   addr,
 		MetricsURL: hs.URL + "/metrics",
 		PprofURL:   hs.URL + "/debug/pprof",
 		Endpoints:  cfg.Pool.Endpoints,

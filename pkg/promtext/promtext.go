@@ -285,4 +285,3 @@ func (n *Num) UnmarshalJSON(b []byte) error {
 	*n = Num(f)
 	return err
 }
-

@@ -98,6 +98,16 @@ func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
 	return &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg}, nil
 }
 
+// ServerOptions are the ext_proc gRPC server's options for cfg: the receive limit raised to the
+// body limit (in BUFFERED mode the whole body arrives in one message), and Envoy's keepalive
+// pings on idle HTTP/2 connections accepted.
+func ServerOptions(cfg *config.Config) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(int(cfg.ExtProc.MaxBodyBytes) + 1<<20),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
 // Run serves until ctx is cancelled, then drains: health turns NOT_SERVING, open streams get
 // up to drainTimeout to finish.
 func Run(ctx context.Context, o Options) error {
@@ -107,13 +117,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 
-	// Raise the receive limit to the body limit: in BUFFERED mode the whole body arrives in
-	// one message. Envoy pings idle HTTP/2 connections; accept that.
-	maxMsg := int(o.Config.ExtProc.MaxBodyBytes) + 1<<20
-	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(maxMsg),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	}
+	opts := ServerOptions(o.Config)
 	if o.SecureServing {
 		var cert tls.Certificate
 		if o.CertPath != "" {
