@@ -125,28 +125,40 @@ func (x *Index) SetCapacity(slot, capacity int) {
 // Insert records that endpoint slot served a prompt with these block hashes. Blocks are
 // inserted tail first, so the head of the prompt, the part most likely shared, is the most
 // recently used and the last to be evicted, as in vLLM's free-block queue.
-func (x *Index) Insert(slot int, hashes []uint64) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.insertLocked(slot, hashes)
-}
+func (x *Index) Insert(slot int, hashes []uint64) { x.InsertIf(slot, hashes, nil) }
 
-// InsertIf is Insert, skipped when keep reports false under the index lock. The prefix plugin
-// uses it so that a commit for an endpoint removed concurrently cannot land after the removal.
+// commitChunk bounds the blocks one commit inserts per hold of the write lock, so that a long
+// prompt's commit (8,192 blocks each evicting one: over a millisecond) does not stall the
+// decisions queued behind it. Between chunks the endpoint holds the prompt's tail without its
+// head for a few microseconds; Match tolerates that (it may credit the endpoint with the whole
+// prompt that much early, when the commit is about to make it true anyway).
+const commitChunk = 512
+
+// InsertIf is Insert, skipped when keep (if not nil) reports false under the index lock. The
+// prefix plugin uses it so that a commit for an endpoint removed concurrently cannot land after
+// the removal.
 func (x *Index) InsertIf(slot int, hashes []uint64, keep func() bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if keep() {
-		x.insertLocked(slot, hashes)
+	end := -1
+	for end != 0 {
+		x.mu.Lock()
+		if keep != nil && !keep() {
+			x.mu.Unlock()
+			return
+		}
+		l := x.lru(slot)
+		if end < 0 {
+			// Blocks beyond the capacity would be evicted by the head's own insertion: skip them.
+			end = min(len(hashes), l.capacity)
+		}
+		start := max(0, end-commitChunk)
+		x.insertLocked(l, slot, hashes[start:end])
+		x.mu.Unlock()
+		end = start
 	}
 }
 
-func (x *Index) insertLocked(slot int, hashes []uint64) {
-	l := x.lru(slot)
-	// Blocks beyond the capacity would be evicted by the head's own insertion: skip them.
-	if len(hashes) > l.capacity {
-		hashes = hashes[:l.capacity]
-	}
+// insertLocked inserts hashes tail first into l.
+func (x *Index) insertLocked(l *endpointLRU, slot int, hashes []uint64) {
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		if ni, ok := l.byHash.get(h); ok {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -289,4 +290,71 @@ func BenchmarkIndexInsert(b *testing.B) {
 			x.Insert(0, prompts[i%len(prompts)])
 		}
 	})
+}
+
+func TestLongPromptsCommittedInChunksKeepLRUOrder(t *testing.T) {
+	x := NewIndex(3000)
+	p := chain(1, 2000) // four chunks
+	x.Insert(0, p)
+	x.Insert(0, chain(2, 1500))
+	// 500 blocks had to go: the first prompt's tail, not its head.
+	for i, h := range p {
+		if got, want := x.Holds(0, h), i < 1500; got != want {
+			t.Fatalf("block %d held = %v, want %v", i, got, want)
+		}
+	}
+	if got := match(x, p, 1)[0]; got != 1500 {
+		t.Fatalf("match %d, want 1500", got)
+	}
+}
+
+// TestConcurrentCommitsMatchesAndRemovals runs the index's operations from several goroutines
+// (under -race) and checks that it ends consistent: every endpoint's LRU size equals what its
+// table holds, and the reverse table's holder counts add up to the entries.
+func TestConcurrentCommitsMatchesAndRemovals(t *testing.T) {
+	x := NewIndex(2000)
+	prompts := make([][]uint64, 40)
+	for i := range prompts {
+		prompts[i] = cat(chain(99, 50), chain(uint64(i), 100+i*40)) // shared head, up to 1,700 blocks
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			lens := make([]int32, 8)
+			for range 400 {
+				slot := rng.IntN(8)
+				switch op := rng.IntN(20); {
+				case op == 0:
+					x.RemoveEndpoint(slot)
+				case op < 10:
+					x.Insert(slot, prompts[rng.IntN(len(prompts))])
+				default:
+					clear(lens)
+					x.Match(prompts[rng.IntN(len(prompts))], lens)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	entries := 0
+	for _, l := range x.eps {
+		if l != nil {
+			if l.n != l.byHash.n || l.n > l.capacity {
+				t.Fatalf("LRU holds %d, its table %d, capacity %d", l.n, l.byHash.n, l.capacity)
+			}
+			entries += l.n
+		}
+	}
+	holders := 0
+	for _, s := range x.blocks.slots {
+		if s.k != 0 {
+			holders += int(s.v >> 32)
+		}
+	}
+	if holders != entries || x.Stats().Entries != entries {
+		t.Fatalf("holder counts %d, LRU entries %d, stats %d", holders, entries, x.Stats().Entries)
+	}
 }
