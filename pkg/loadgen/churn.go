@@ -223,22 +223,9 @@ loop:
 		res.HeapProfile = o.HeapProfile
 	}
 
-	var lat Histogram
-	for i := range stats {
-		ws := &stats[i]
-		lat.Merge(&ws.lat)
-		res.Exchanges += ws.exchanges
-		for k, v := range ws.errors {
-			if res.ErrorKinds == nil {
-				res.ErrorKinds = map[string]int64{}
-			}
-			res.ErrorKinds[k] += v
-			res.Errors += v
-		}
-		if res.FirstError == "" {
-			res.FirstError = ws.firstError
-		}
-	}
+	all := mergeWorkers(stats)
+	res.Exchanges, res.Errors, res.ErrorKinds, res.FirstError = all.exchanges, all.errorCount(), all.errors, all.firstError
+	lat := all.lat
 	res.ExchangesPerSec = float64(res.Exchanges) / elapsed.Seconds()
 	res.AddedLatency = LatencyOf(&lat)
 	res.PickerCPUPerExchangeUS = promtext.Num(float64(res.PickerCPUSeconds) / float64(res.Exchanges) * 1e6)

@@ -98,6 +98,41 @@ type workerStats struct {
 	dests      map[string]int64
 }
 
+// mergeWorkers adds up the workers' statistics; the first error is the first worker's that has one.
+func mergeWorkers(stats []workerStats) workerStats {
+	var all workerStats
+	for i := range stats {
+		ws := &stats[i]
+		all.lat.Merge(&ws.lat)
+		all.exchanges += ws.exchanges
+		for k, v := range ws.errors {
+			if all.errors == nil {
+				all.errors = map[string]int64{}
+			}
+			all.errors[k] += v
+		}
+		if all.firstError == "" {
+			all.firstError = ws.firstError
+		}
+		for k, v := range ws.dests {
+			if all.dests == nil {
+				all.dests = map[string]int64{}
+			}
+			all.dests[k] += v
+		}
+	}
+	return all
+}
+
+// errorCount is the number of failed exchanges.
+func (w *workerStats) errorCount() int64 {
+	var n int64
+	for _, v := range w.errors {
+		n += v
+	}
+	return n
+}
+
 func (w *workerStats) fail(err error) {
 	if w.errors == nil {
 		w.errors = map[string]int64{}
@@ -251,26 +286,9 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 		return nil, fmt.Errorf("cpu profile: %w", profErr)
 	}
 
-	var lat Histogram
-	dests := map[string]int64{}
-	for i := range stats {
-		ws := &stats[i]
-		lat.Merge(&ws.lat)
-		res.Exchanges += ws.exchanges
-		for k, v := range ws.errors {
-			if res.ErrorKinds == nil {
-				res.ErrorKinds = map[string]int64{}
-			}
-			res.ErrorKinds[k] += v
-			res.Errors += v
-		}
-		if res.FirstError == "" {
-			res.FirstError = ws.firstError
-		}
-		for k, v := range ws.dests {
-			dests[k] += v
-		}
-	}
+	all := mergeWorkers(stats)
+	res.Exchanges, res.Errors, res.ErrorKinds, res.FirstError = all.exchanges, all.errorCount(), all.errors, all.firstError
+	lat, dests := all.lat, all.dests
 	res.WindowS = window.Seconds()
 	res.ExchangesPerSec = float64(res.Exchanges) / res.WindowS
 	res.AddedLatency = LatencyOf(&lat)
