@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"strconv"
+
+	"github.com/kvpick/kvpick/pkg/openai"
 )
 
 // Body buffers are pooled in size classes so that a small request never holds on to a large
@@ -61,3 +63,15 @@ func newRequestID() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// getTail returns an empty buffer for the end of a response body (stream.keepUsageTail).
+func (s *Server) getTail() *[]byte {
+	if p, ok := s.tails.Get().(*[]byte); ok {
+		*p = (*p)[:0]
+		return p
+	}
+	b := make([]byte, 0, openai.UsageTailBytes)
+	return &b
+}
+
+func (s *Server) putTail(p *[]byte) { s.tails.Put(p) }

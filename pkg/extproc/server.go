@@ -43,10 +43,11 @@ type Options struct {
 // Server implements the ExternalProcessor service.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	pipe *router.Pipeline
-	opt  Options
-	bufs [(maxBufClass-minBufClass)/2 + 1]sync.Pool
-	once sync.Once
+	pipe  *router.Pipeline
+	opt   Options
+	bufs  [(maxBufClass-minBufClass)/2 + 1]sync.Pool
+	tails sync.Pool // *[]byte of capacity openai.UsageTailBytes
+	once  sync.Once
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -95,12 +96,14 @@ type stream struct {
 	contentLength string // the request's content-length header, if any
 	generatedID   bool
 
-	decision  router.Decision
-	scheduled bool
-	dest      string
-	status    int    // upstream response status, 0 until response headers
-	outcome   string // for metrics
-	started   time.Time
+	decision   router.Decision
+	scheduled  bool
+	dest       string
+	status     int     // upstream response status, 0 until response headers
+	servedAddr string  // the endpoint the proxy reports as served ("" when it does not say)
+	usageTail  *[]byte // the end of a 2xx response body, for its usage report (nil: not wanted)
+	outcome    string  // for metrics
+	started    time.Time
 }
 
 // Process handles one HTTP request's stream. It returns when the proxy half-closes the stream
@@ -485,7 +488,8 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		}
 	}
 	if st.scheduled {
-		st.s.pipe.ResponseHeaders(&st.req, st.decision.Endpoint, servedEndpoint(msg.GetMetadataContext()), st.status)
+		st.servedAddr = servedEndpoint(msg.GetMetadataContext())
+		st.s.pipe.ResponseHeaders(&st.req, st.decision.Endpoint, st.servedAddr, st.status)
 	}
 	if st.status >= 200 && st.status <= 299 {
 		st.outcome = "success"
@@ -505,10 +509,45 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 // onResponseBody passes response chunks on as they come: LLM responses are often SSE streams,
 // and holding them would destroy the client's time to first token.
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
+	st.keepUsageTail(b.GetBody())
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		return st.srv.Send(responseBodyResponse(streamed(b.GetBody(), b.GetEndOfStream())))
 	}
 	return st.srv.Send(responseBodyResponse(&extprocv3.CommonResponse{}))
+}
+
+// keepUsageTail keeps the last openai.UsageTailBytes of a successful response's body, where the
+// server's usage report is, for plugins that learn from it (one copy of at most that much per
+// chunk; nothing when no plugin wants usage).
+func (st *stream) keepUsageTail(chunk []byte) {
+	if !st.scheduled || st.status < 200 || st.status > 299 || !st.s.pipe.WantsUsage() || len(chunk) == 0 {
+		return
+	}
+	if st.usageTail == nil {
+		st.usageTail = st.s.getTail()
+	}
+	t := *st.usageTail
+	if len(chunk) >= openai.UsageTailBytes {
+		t = append(t[:0], chunk[len(chunk)-openai.UsageTailBytes:]...)
+	} else {
+		if over := len(t) + len(chunk) - openai.UsageTailBytes; over > 0 {
+			t = t[:copy(t, t[over:])]
+		}
+		t = append(t, chunk...)
+	}
+	*st.usageTail = t
+}
+
+// reportUsage hands the server's usage report, if the response ended with one, to the pipeline.
+func (st *stream) reportUsage() {
+	if st.usageTail == nil {
+		return
+	}
+	if u, ok := openai.ParseUsage(*st.usageTail); ok {
+		st.s.pipe.Usage(&st.req, st.decision.Endpoint, st.servedAddr, u)
+	}
+	st.s.putTail(st.usageTail)
+	st.usageTail = nil
 }
 
 // id is the request id as a log field. Fields are built per log line rather than with a child
@@ -529,6 +568,7 @@ func (st *stream) releaseBody() {
 // finish runs once the stream is over, however it ended.
 func (st *stream) finish() {
 	if st.scheduled {
+		st.reportUsage()
 		st.s.pipe.Done(&st.req, st.decision.Endpoint)
 	}
 	// A stream that ended before its request headers (observability mode) is no request.

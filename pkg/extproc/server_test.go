@@ -627,3 +627,37 @@ func TestObservabilityModeIsNotAnswered(t *testing.T) {
 	}
 	h.settled()
 }
+
+// TestUsageReportsReachThePlugins: the usage object at the end of a successful response, however
+// the proxy sends the body and wherever the chunks split it, is read once and counted; a failed
+// response's is not.
+func TestUsageReportsReachThePlugins(t *testing.T) {
+	usage := `data: {"choices":[],"usage":{"prompt_tokens":1500,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":1200}}}` + "\n\ndata: [DONE]\n\n"
+	long := strings.Repeat(`data: {"choices":[{"delta":{"content":"tok"}}]}`+"\n\n", 40) // > UsageTailBytes
+	for name, mode := range modes() {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			// Split inside the usage object's key, after a long stream.
+			resp := sse(long, usage[:40], usage[40:])
+			if _, _, err := h.client.Do(context.Background(), mode, post("/v1/chat/completions", chatBody(1, 1)), resp); err != nil {
+				t.Fatal(err)
+			}
+			failed := sse(usage)
+			failed.Status = 500
+			if _, _, err := h.client.Do(context.Background(), mode, post("/v1/chat/completions", chatBody(2, 1)), failed); err != nil {
+				t.Fatal(err)
+			}
+			h.settled()
+			want, wantCached := 1500.0, 1200.0
+			if mode.ResponseBody == filterv3.ProcessingMode_NONE {
+				want, wantCached = 0, 0 // the picker never sees the body
+			}
+			if got := h.metric("kvpick_prefix_server_prompt_tokens_total"); got != want {
+				t.Errorf("server prompt tokens %v, want %v", got, want)
+			}
+			if got := h.metric("kvpick_prefix_server_cached_tokens_total"); got != wantCached {
+				t.Errorf("server cached tokens %v, want %v", got, wantCached)
+			}
+		})
+	}
+}

@@ -96,6 +96,10 @@ func fmix64(x uint64) uint64 {
 	return x
 }
 
+// Written returns the bytes rendered so far, and whether the prompt was cut at maxBlocks (then
+// the count stops there).
+func (h *Hasher) Written() (n int, truncated bool) { return h.written, len(h.hashes) >= h.maxBlocks }
+
 // Hashes returns the block hashes so far; the slice is owned by the caller after Reset.
 func (h *Hasher) Hashes() []uint64 { return h.hashes }
 

@@ -1,10 +1,15 @@
 package prefix
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/kvpick/kvpick/pkg/openai"
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type pluginMetrics struct {
-	hitBlocks, reqBlocks prometheus.Counter
-	hitRatio             prometheus.Histogram
+	hitBlocks, reqBlocks           prometheus.Counter
+	hitRatio                       prometheus.Histogram
+	serverPrompt, serverCached     prometheus.Counter
+	serverPromptWithCachedReported prometheus.Counter
 }
 
 func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
@@ -26,6 +31,29 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 			Buckets: []float64{0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1},
 		}),
 	}
+	m.serverPrompt = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvpick_prefix_server_prompt_tokens_total",
+		Help: "Prompt tokens of successful responses whose usage report the picker saw (usage.prompt_tokens).",
+	})
+	m.serverPromptWithCachedReported = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvpick_prefix_server_prompt_tokens_with_cached_total",
+		Help: "Prompt tokens of the usage reports that included prompt_tokens_details.cached_tokens.",
+	})
+	m.serverCached = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvpick_prefix_server_cached_tokens_total",
+		Help: "Prompt tokens the servers reported as prefix-cache hits (usage.prompt_tokens_details.cached_tokens); " +
+			"divided by kvpick_prefix_server_prompt_tokens_with_cached_total it is the measured hit ratio.",
+	})
+	reg.MustRegister(m.serverPrompt, m.serverPromptWithCachedReported, m.serverCached,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvpick_prefix_tokens_per_block",
+			Help: "Server tokens per index block, learned from usage reports (0 until the first report).",
+		}, func() float64 { _, t := pl.calib.state(); return t }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvpick_prefix_capacity_blocks",
+			Help: "Per-endpoint capacity of the index in its own blocks: lruCapacityPerEndpoint rescaled by the learned tokens per block.",
+		}, func() float64 { return float64(pl.index.Capacity()) }),
+	)
 	stat := func(name, help string, f func(Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return f(pl.index.Stats()) })
@@ -48,4 +76,12 @@ func (m *pluginMetrics) observe(hit, total int) {
 	m.hitBlocks.Add(float64(hit))
 	m.reqBlocks.Add(float64(total))
 	m.hitRatio.Observe(float64(hit) / float64(total))
+}
+
+func (m *pluginMetrics) observeUsage(u openai.Usage) {
+	m.serverPrompt.Add(float64(u.PromptTokens))
+	if u.HasCached {
+		m.serverPromptWithCachedReported.Add(float64(u.PromptTokens))
+		m.serverCached.Add(float64(u.CachedTokens))
+	}
 }

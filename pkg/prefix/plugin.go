@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -56,6 +57,7 @@ type Plugin struct {
 	now     func() time.Time
 	states  sync.Pool
 	metrics *pluginMetrics
+	calib   *calibration
 }
 
 var (
@@ -63,6 +65,7 @@ var (
 	_ router.Scorer           = (*Plugin)(nil)
 	_ router.PickObserver     = (*Plugin)(nil)
 	_ router.ResponseObserver = (*Plugin)(nil)
+	_ router.UsageObserver    = (*Plugin)(nil)
 	_ router.DoneObserver     = (*Plugin)(nil)
 	_ router.PoolListener     = (*Plugin)(nil)
 )
@@ -71,12 +74,15 @@ var stateKey = router.NewStateKey(Name)
 
 // state is one request's prefix data, pooled.
 type state struct {
-	hasher   *Hasher
-	hashes   []uint64
-	lens     []int32 // matched blocks by endpoint slot, from the last Score
-	scored   bool
-	pending  pendingRecord
-	resolved bool // response headers seen: committed or dropped
+	hasher    *Hasher
+	hashes    []uint64
+	lens      []int32  // matched blocks by endpoint slot, from the last Score
+	ages      []uint32 // index tail ages by endpoint slot, from the last Score
+	scored    bool
+	rendered  int  // prompt bytes rendered
+	truncated bool // the prompt was longer than maxBlocksPerRequest
+	pending   pendingRecord
+	resolved  bool // response headers seen: committed or dropped
 }
 
 // New returns the plugin. reg may be nil (no metrics).
@@ -90,6 +96,7 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 		pending: newPendingSet(p.PendingTTL.D()),
 		now:     time.Now,
 	}
+	pl.calib = newCalibration(p.LRUCapacityPerEndpoint, pl.index.SetCapacityAll)
 	pl.metrics = newPluginMetrics(pl, reg)
 	return pl, nil
 }
@@ -112,6 +119,7 @@ func (pl *Plugin) Prepare(_ context.Context, req *router.Request) {
 	st.hasher.Reset(Seed(req.Body.Model, req.Body.CacheSalt), st.hashes)
 	req.Body.Render(st.hasher)
 	st.hashes = st.hasher.Hashes()
+	st.rendered, st.truncated = st.hasher.Written()
 	st.scored, st.resolved = false, false
 	req.AffinityKey = st.hasher.AffinityKey()
 	req.Set(stateKey, st)
@@ -139,7 +147,11 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	}
 	st.lens = st.lens[:maxSlot+1]
 	clear(st.lens)
-	pl.index.Match(st.hashes, st.lens)
+	if cap(st.ages) <= maxSlot {
+		st.ages = make([]uint32, maxSlot+1)
+	}
+	st.ages = st.ages[:maxSlot+1]
+	pl.index.MatchAges(st.hashes, st.lens, st.ages)
 	pl.pending.match(st.hashes, pl.now(), st.lens)
 	st.scored = true
 	total := float64(len(st.hashes))
@@ -184,6 +196,16 @@ func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, 
 	pl.index.InsertIf(served.Slot, st.hashes, func() bool { return !served.Removed() })
 }
 
+// Usage implements router.UsageObserver (calibrate.go).
+func (pl *Plugin) Usage(req *router.Request, _ *router.Endpoint, u openai.Usage) {
+	if pl.metrics != nil {
+		pl.metrics.observeUsage(u)
+	}
+	if st := pl.state(req); st != nil {
+		pl.usage(st, u)
+	}
+}
+
 // Done drops whatever the request still holds and recycles its state.
 func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 	st := pl.state(req)
@@ -210,7 +232,18 @@ func (pl *Plugin) PendingCount() int { return pl.pending.len() }
 // each endpoint likely holds (index and pending records, before the minMatchBlocks cut).
 type Matches struct {
 	lens  []int32
+	ages  []uint32
 	Total int // blocks in the prompt; 0 when the request has no scored prompt
+}
+
+// TailAge returns the age of ep's least recently used indexed block, in commits, or NotFull
+// when ep's LRU has room: how stale the blocks are that a new prompt would push out there
+// (Index.TailAges).
+func (m Matches) TailAge(ep *router.Endpoint) uint32 {
+	if ep.Slot < len(m.ages) {
+		return m.ages[ep.Slot]
+	}
+	return NotFull
 }
 
 // Blocks returns the number of leading prompt blocks ep likely holds.
@@ -228,5 +261,5 @@ func MatchesOf(req *router.Request) Matches {
 	if st == nil || !st.scored {
 		return Matches{}
 	}
-	return Matches{lens: st.lens, Total: len(st.hashes)}
+	return Matches{lens: st.lens, ages: st.ages, Total: len(st.hashes)}
 }

@@ -226,3 +226,66 @@ func TestParamsValidateNamesTheField(t *testing.T) {
 		}
 	}
 }
+
+// TestUsageReportsRescaleCapacity: lruCapacityPerEndpoint counts blocks of 16 tokens; the
+// plugin learns how many tokens its 64-byte blocks are from the servers' prompt_tokens and
+// holds as many of its own blocks as cover the same tokens.
+func TestUsageReportsRescaleCapacity(t *testing.T) {
+	tests := []struct {
+		name          string
+		bytesPerToken float64
+		reports       int
+		want          int
+	}{
+		{"no reports: 4 bytes per token assumed", 5, 0, 10000},
+		{"too few reports to act on", 5, calibMinSamples - 1, 10000},
+		{"5 bytes per token: blocks hold fewer tokens, so more of them fit", 5, 200, 12500},
+		{"3 bytes per token (code): fewer blocks fit", 3, 200, 7500},
+		{"4 bytes per token: unchanged", 4, 200, 10000},
+		{"absurd reports are clamped to 16 bytes per token", 64, 200, 40000},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pl := testPlugin(t)
+			eps := twoEndpoints()
+			for i := range tc.reports {
+				req := chatRequest(t, longSystem, fmt.Sprintf("question %d", i))
+				pl.Prepare(context.Background(), req)
+				scores(pl, req, eps)
+				pl.Picked(req, eps[0])
+				pl.ResponseHeaders(req, eps[0], 200)
+				st := pl.state(req)
+				tokens := int(float64(st.rendered) / tc.bytesPerToken)
+				pl.Usage(req, eps[0], openai.Usage{PromptTokens: tokens})
+				pl.Done(req, eps[0])
+			}
+			if got := pl.Index().Capacity(); got < tc.want*99/100 || got > tc.want*101/100 {
+				t.Errorf("capacity %d, want %d (±1%%)", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestUsageOfShortOrTruncatedPromptsIsIgnored(t *testing.T) {
+	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 8, LRUCapacityPerEndpoint: 10000,
+		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := twoEndpoints()
+	for i := range 200 {
+		short := chatRequest(t, "be brief", fmt.Sprintf("q%d", i)) // under four blocks
+		long := chatRequest(t, longSystem, fmt.Sprintf("q%d", i))  // cut at 8 blocks
+		for _, req := range []*router.Request{short, long} {
+			pl.Prepare(context.Background(), req)
+			scores(pl, req, eps)
+			pl.Picked(req, eps[0])
+			pl.ResponseHeaders(req, eps[0], 200)
+			pl.Usage(req, eps[0], openai.Usage{PromptTokens: 5000}) // would mean ~0.3 bytes per token
+			pl.Done(req, eps[0])
+		}
+	}
+	if got := pl.Index().Capacity(); got != 10000 {
+		t.Errorf("capacity %d: reports of short or truncated prompts must not calibrate", got)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/kvpick/kvpick/pkg/openai"
 )
 
 // Endpoints is the pool as the pipeline sees it. Snapshot must be cheap and its result must not
@@ -30,6 +32,7 @@ type Pipeline struct {
 	picker    Picker
 	picked    []PickObserver
 	responses []ResponseObserver
+	usages    []UsageObserver
 	dones     []DoneObserver
 	fallbacks int
 	scratch   sync.Pool
@@ -81,6 +84,9 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 		if x, ok := pl.(ResponseObserver); ok {
 			p.responses = append(p.responses, x)
+		}
+		if x, ok := pl.(UsageObserver); ok {
+			p.usages = append(p.usages, x)
 		}
 		if x, ok := pl.(DoneObserver); ok {
 			p.dones = append(p.dones, x)
@@ -189,13 +195,33 @@ func rankOthers(eps []*Endpoint, scores []float64, skip, n int) []*Endpoint {
 // ResponseHeaders reports the upstream's status. servedAddr is the endpoint the proxy says
 // served the request ("" when it did not say); it defaults to the picked one.
 func (p *Pipeline) ResponseHeaders(req *Request, picked *Endpoint, servedAddr string, status int) {
-	served := picked
-	if servedAddr != "" && servedAddr != picked.Addr {
-		served = p.pool.Lookup(servedAddr)
-	}
+	served := p.served(picked, servedAddr)
 	for _, x := range p.responses {
 		x.ResponseHeaders(req, served, status)
 	}
+}
+
+// Usage hands the server's usage report of a successful response to the plugins that want it.
+// servedAddr is as for ResponseHeaders.
+func (p *Pipeline) Usage(req *Request, picked *Endpoint, servedAddr string, u openai.Usage) {
+	if len(p.usages) == 0 {
+		return
+	}
+	served := p.served(picked, servedAddr)
+	for _, x := range p.usages {
+		x.Usage(req, served, u)
+	}
+}
+
+// WantsUsage reports whether any plugin reads usage reports, so that the server can skip
+// looking for them.
+func (p *Pipeline) WantsUsage() bool { return len(p.usages) > 0 }
+
+func (p *Pipeline) served(picked *Endpoint, servedAddr string) *Endpoint {
+	if servedAddr != "" && servedAddr != picked.Addr {
+		return p.pool.Lookup(servedAddr)
+	}
+	return picked
 }
 
 // Done ends the request's life in the pipeline: it leaves the in-flight count and every plugin

@@ -1,6 +1,10 @@
 package router
 
-import "context"
+import (
+	"context"
+
+	"github.com/kvpick/kvpick/pkg/openai"
+)
 
 // Plugin is anything the pipeline runs. Every plugin also implements at least one of the
 // interfaces below; the pipeline discovers which by type assertion.
@@ -54,6 +58,16 @@ type PickObserver interface {
 type ResponseObserver interface {
 	Plugin
 	ResponseHeaders(req *Request, served *Endpoint, status int)
+}
+
+// UsageObserver learns what the server that served the request reported about its prompt: the
+// usage object at the end of a 2xx response (a non-streamed body, or a stream whose client asked
+// for stream_options.include_usage), when the proxy sends the response body. It is called at most
+// once per request, after ResponseHeaders and before Done. served is nil when the served address
+// is not in the pool.
+type UsageObserver interface {
+	Plugin
+	Usage(req *Request, served *Endpoint, u openai.Usage)
 }
 
 // DoneObserver learns that the request's stream ended, however it ended. It is called exactly
