@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/plugins/cacheroom"
 	"github.com/kvpick/kvpick/pkg/plugins/health"
 	"github.com/kvpick/kvpick/pkg/plugins/inflight"
 	"github.com/kvpick/kvpick/pkg/plugins/loadguard"
@@ -31,10 +32,11 @@ type Deps struct {
 type factory func(params json.RawMessage, d Deps) (router.Plugin, error)
 
 var factories = map[string]factory{
-	subset.Name:   noParams(func() router.Plugin { return &subset.Filter{} }),
-	health.Name:   noParams(func() router.Plugin { return &health.Filter{} }),
-	inflight.Name: noParams(func() router.Plugin { return &inflight.Scorer{} }),
-	maxscore.Name: noParams(func() router.Plugin { return &maxscore.Picker{} }),
+	subset.Name:    noParams(func() router.Plugin { return &subset.Filter{} }),
+	health.Name:    noParams(func() router.Plugin { return &health.Filter{} }),
+	inflight.Name:  noParams(func() router.Plugin { return &inflight.Scorer{} }),
+	maxscore.Name:  noParams(func() router.Plugin { return &maxscore.Picker{} }),
+	cacheroom.Name: noParams(func() router.Plugin { return &cacheroom.Scorer{} }),
 	saturation.Name: func(raw json.RawMessage, _ Deps) (router.Plugin, error) {
 		var p saturation.Params
 		if err := decode(saturation.Name, raw, &p); err != nil {
@@ -133,7 +135,7 @@ func Build(specs []config.Plugin, d Deps) (*Built, error) {
 			}
 			b.Weights[s.Name] = *s.Weight
 		}
-		if s.Name == prefill.Name && !slices.ContainsFunc(b.Plugins, func(q router.Plugin) bool { return q.Name() == prefix.Name }) {
+		if (s.Name == prefill.Name || s.Name == cacheroom.Name) && !slices.ContainsFunc(b.Plugins, func(q router.Plugin) bool { return q.Name() == prefix.Name }) {
 			return nil, fmt.Errorf("plugins[%d] (%s): needs %s listed before it", i, s.Name, prefix.Name)
 		}
 		b.Plugins = append(b.Plugins, p)

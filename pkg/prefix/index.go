@@ -31,6 +31,10 @@ type Index struct {
 	hw       uint32            // first never-used node
 	free     uint32            // free-list head, linked through node.next
 	nfree    int
+	// tick counts commits (Insert calls), pool-wide: the index's clock for the age of an
+	// endpoint's least recently used block (TailAges). It is a counter, not wall time, so that
+	// ages compare across endpoints and do not depend on how fast requests come.
+	tick uint32
 }
 
 const (
@@ -46,6 +50,7 @@ type node struct {
 	prev, next   uint32 // endpoint LRU: prev is more recent, next is older
 	sprev, snext uint32 // holders of the same block
 	ep           uint32 // endpoint slot
+	stamp        uint32 // Index.tick when the endpoint last used the block (fills the padding)
 }
 
 type endpointLRU struct {
@@ -122,6 +127,31 @@ func (x *Index) SetCapacity(slot, capacity int) {
 	}
 }
 
+// SetCapacityAll bounds every endpoint's LRU, and those of endpoints to come, to capacity
+// blocks, evicting the oldest entries over the new bound (one endpoint per hold of the lock).
+func (x *Index) SetCapacityAll(capacity int) {
+	x.mu.Lock()
+	x.capacity = max(capacity, 1)
+	n := len(x.eps)
+	x.mu.Unlock()
+	for slot := range n {
+		x.mu.Lock()
+		if slot < len(x.eps) && x.eps[slot] != nil {
+			x.mu.Unlock()
+			x.SetCapacity(slot, capacity)
+			continue
+		}
+		x.mu.Unlock()
+	}
+}
+
+// Capacity returns the capacity new endpoints get.
+func (x *Index) Capacity() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.capacity
+}
+
 // Insert records that endpoint slot served a prompt with these block hashes. Blocks are
 // inserted tail first, so the head of the prompt, the part most likely shared, is the most
 // recently used and the last to be evicted, as in vLLM's free-block queue.
@@ -149,6 +179,7 @@ func (x *Index) InsertIf(slot int, hashes []uint64, keep func() bool) {
 		if end < 0 {
 			// Blocks beyond the capacity would be evicted by the head's own insertion: skip them.
 			end = min(len(hashes), l.capacity)
+			x.tick++
 		}
 		start := max(0, end-commitChunk)
 		x.insertLocked(l, slot, hashes[start:end])
@@ -187,7 +218,7 @@ func (x *Index) insertLocked(l *endpointLRU, slot int, hashes []uint64) {
 
 func (x *Index) pushFront(l *endpointLRU, ni uint32) {
 	n := x.node(ni)
-	n.prev, n.next = 0, l.head
+	n.prev, n.next, n.stamp = 0, l.head, x.tick
 	if l.head != 0 {
 		x.node(l.head).prev = ni
 	}
@@ -345,12 +376,16 @@ func (x *Index) rebuildFreeBelow(hw uint32) {
 // Match writes into lens[slot], for every endpoint slot that holds the first block, the number
 // of leading blocks of hashes that the endpoint holds (keeping a larger value already there).
 // lens must have room for every slot in the index.
-func (x *Index) Match(hashes []uint64, lens []int32) {
+func (x *Index) Match(hashes []uint64, lens []int32) { x.MatchAges(hashes, lens, nil) }
+
+// MatchAges is Match plus TailAges into ages (if not nil), under one hold of the read lock.
+func (x *Index) MatchAges(hashes []uint64, lens []int32, ages []uint32) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	x.tailAgesLocked(ages)
 	if len(hashes) == 0 {
 		return
 	}
-	x.mu.RLock()
-	defer x.mu.RUnlock()
 	last := len(hashes) - 1
 	c0 := x.count(hashes[0])
 	if c0 == 0 {
@@ -364,6 +399,33 @@ func (x *Index) Match(hashes []uint64, lens []int32) {
 		x.credit(hashes[last], int32(last+1), lens)
 	}
 	x.bisect(hashes, 0, last, c0, cl, lens)
+}
+
+// NotFull is the age TailAges reports for an endpoint whose LRU has room left: a new prompt
+// evicts nothing there.
+const NotFull = ^uint32(0)
+
+// TailAges writes into ages[slot], for every slot below len(ages), the age of the endpoint's
+// least recently used block in commits (pool-wide Insert calls since the endpoint last used it),
+// or NotFull when the endpoint's LRU is below its capacity. It is how long the blocks a new
+// prompt would push out have gone unused: a young tail means evicting blocks that are still
+// being reused. The commit counter wraps after 2^32 commits; an endpoint left untouched for that
+// long reads younger than it is, which only costs placement quality.
+func (x *Index) TailAges(ages []uint32) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	x.tailAgesLocked(ages)
+}
+
+func (x *Index) tailAgesLocked(ages []uint32) {
+	for slot := range ages {
+		ages[slot] = NotFull
+		if slot < len(x.eps) {
+			if l := x.eps[slot]; l != nil && l.n >= l.capacity && l.tail != 0 {
+				ages[slot] = x.tick - x.node(l.tail).stamp
+			}
+		}
+	}
 }
 
 func (x *Index) count(h uint64) uint32 {

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
@@ -356,5 +357,66 @@ func TestConcurrentCommitsMatchesAndRemovals(t *testing.T) {
 	}
 	if holders != entries || x.Stats().Entries != entries {
 		t.Fatalf("holder counts %d, LRU entries %d, stats %d", holders, entries, x.Stats().Entries)
+	}
+}
+
+func TestIndexTailAges(t *testing.T) {
+	x := NewIndex(20)
+	ages := make([]uint32, 3)
+	x.TailAges(ages)
+	for slot, a := range ages {
+		if a != NotFull {
+			t.Fatalf("empty endpoint %d: age %d, want NotFull", slot, a)
+		}
+	}
+	a := chain(1, 20)
+	x.Insert(0, a)            // commit 1: endpoint 0 full, its tail used at commit 1
+	x.Insert(1, chain(2, 5))  // commit 2: endpoint 1 has room
+	x.Insert(2, chain(3, 20)) // commit 3: endpoint 2 full
+	x.Insert(2, chain(4, 10)) // commit 4: endpoint 2 evicts half of commit 3's blocks
+	x.TailAges(ages)
+	if want := []uint32{3, NotFull, 1}; ages[0] != want[0] || ages[1] != want[1] || ages[2] != want[2] {
+		t.Errorf("ages %v, want %v (commits since each full endpoint's tail was used)", ages, want)
+	}
+	x.Insert(0, a) // commit 5: endpoint 0 uses every block again
+	x.TailAges(ages)
+	if ages[0] != 0 || ages[2] != 2 {
+		t.Errorf("after endpoint 0 reused its blocks: ages %v, want 0 for it and 2 for endpoint 2", ages)
+	}
+	// MatchAges reports the same ages alongside the match.
+	lens, ages2 := make([]int32, 3), make([]uint32, 3)
+	x.MatchAges(a, lens, ages2)
+	if lens[0] != 20 || ages2[0] != ages[0] || ages2[1] != ages[1] || ages2[2] != ages[2] {
+		t.Errorf("MatchAges: lens %v ages %v, want 20 blocks on endpoint 0 and ages %v", lens, ages2, ages)
+	}
+}
+
+func TestNodeStaysThirtyTwoBytes(t *testing.T) {
+	// The recency stamp fills the node's padding: the index's bytes per entry do not grow.
+	if s := unsafe.Sizeof(node{}); s != 32 {
+		t.Errorf("node is %d bytes, want 32", s)
+	}
+}
+
+func TestIndexSetCapacityAll(t *testing.T) {
+	x := NewIndex(100)
+	a, b := chain(1, 60), chain(2, 60)
+	x.Insert(0, a)
+	x.Insert(1, b)
+	x.SetCapacityAll(40)
+	if got := match(x, a, 2); got[0] != 40 {
+		t.Errorf("endpoint 0 keeps %d head blocks of its prompt after shrinking to 40, want 40", got[0])
+	}
+	if got := match(x, b, 2); got[1] != 40 {
+		t.Errorf("endpoint 1 keeps %d head blocks after shrinking to 40, want 40", got[1])
+	}
+	x.Insert(2, cat(chain(3, 50))) // a new endpoint gets the new capacity too
+	if got := match(x, chain(3, 50), 3); got[2] != 40 || x.Capacity() != 40 {
+		t.Errorf("new endpoint holds %d blocks (capacity %d), want 40", got[2], x.Capacity())
+	}
+	x.SetCapacityAll(100)
+	x.Insert(0, a)
+	if got := match(x, a, 2); got[0] != 60 {
+		t.Errorf("after growing back: %d blocks, want 60", got[0])
 	}
 }
