@@ -18,11 +18,11 @@ func TestBuildDefaultPlugins(t *testing.T) {
 	for _, p := range b.Plugins {
 		names = append(names, p.Name())
 	}
-	want := "subset-filter,health-filter,saturation-filter,load-guard,prefix-scorer,prefill-scorer,inflight-scorer,max-score-picker"
+	want := "subset-filter,health-filter,saturation-filter,load-guard,prefix-scorer,prefill-scorer,cache-room-scorer,inflight-scorer,max-score-picker"
 	if strings.Join(names, ",") != want {
 		t.Fatalf("plugins %v", names)
 	}
-	if b.Weights["prefix-scorer"] != 1 || b.Weights["prefill-scorer"] != 4 || b.Weights["inflight-scorer"] != 1 {
+	if b.Weights["prefix-scorer"] != 1 || b.Weights["prefill-scorer"] != 4 || b.Weights["cache-room-scorer"] != 2 || b.Weights["inflight-scorer"] != 1 {
 		t.Fatalf("weights %v", b.Weights)
 	}
 }
@@ -42,6 +42,7 @@ func TestBuildRejectsBadPluginConfig(t *testing.T) {
 		{"weight on a filter", []config.Plugin{{Name: "load-guard", Weight: &w}}, "weight is only for scorers"},
 		{"negative weight", []config.Plugin{{Name: "inflight-scorer", Weight: &neg}}, "must not be negative"},
 		{"prefill scorer without the prefix scorer before it", []config.Plugin{{Name: "prefill-scorer"}, {Name: "prefix-scorer"}}, "needs prefix-scorer listed before it"},
+		{"cache-room scorer without the prefix scorer", []config.Plugin{{Name: "cache-room-scorer"}}, "needs prefix-scorer listed before it"},
 		{"parameters on a plugin without any", []config.Plugin{{Name: "subset-filter", Parameters: []byte(`{"x":1}`)}}, "takes no parameters"},
 	}
 	for _, tc := range tests {

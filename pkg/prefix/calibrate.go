@@ -3,6 +3,7 @@ package prefix
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvpick/kvpick/pkg/openai"
 )
@@ -94,3 +95,21 @@ func (pl *Plugin) usage(st *state, u openai.Usage) {
 	}
 	pl.calib.observe(st.rendered, u.PromptTokens, pl.p.BlockSize)
 }
+
+// reuseRate is an exponentially weighted mean of the share of each scored prompt that some
+// endpoint held (weight 1/256 per request: it follows a change of traffic within a few hundred
+// requests). Updated lock-free; concurrent updates may drop a sample, which a mean of hundreds
+// does not notice.
+type reuseRate struct{ bits atomic.Uint64 }
+
+const reuseAlpha = 1.0 / 256
+
+// observe adds one request's share and returns the new mean.
+func (r *reuseRate) observe(share float64) float64 {
+	old := math.Float64frombits(r.bits.Load())
+	v := old + reuseAlpha*(share-old)
+	r.bits.Store(math.Float64bits(v))
+	return v
+}
+
+func (r *reuseRate) value() float64 { return math.Float64frombits(r.bits.Load()) }

@@ -36,13 +36,13 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		Help: "Prompt tokens of successful responses whose usage report the picker saw (usage.prompt_tokens).",
 	})
 	m.serverPromptWithCachedReported = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "kvpick_prefix_server_prompt_tokens_with_cached_total",
+		Name: "kvpick_prefix_server_prompt_with_cached_tokens_total",
 		Help: "Prompt tokens of the usage reports that included prompt_tokens_details.cached_tokens.",
 	})
 	m.serverCached = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvpick_prefix_server_cached_tokens_total",
 		Help: "Prompt tokens the servers reported as prefix-cache hits (usage.prompt_tokens_details.cached_tokens); " +
-			"divided by kvpick_prefix_server_prompt_tokens_with_cached_total it is the measured hit ratio.",
+			"divided by kvpick_prefix_server_prompt_with_cached_tokens_total it is the measured hit ratio.",
 	})
 	reg.MustRegister(m.serverPrompt, m.serverPromptWithCachedReported, m.serverCached,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -58,6 +58,7 @@ type Plugin struct {
 	states  sync.Pool
 	metrics *pluginMetrics
 	calib   *calibration
+	reuse   reuseRate
 }
 
 var (
@@ -78,6 +79,7 @@ type state struct {
 	hashes    []uint64
 	lens      []int32  // matched blocks by endpoint slot, from the last Score
 	ages      []uint32 // index tail ages by endpoint slot, from the last Score
+	reuse     float64  // the pool's recent reuse rate when it was scored
 	scored    bool
 	rendered  int  // prompt bytes rendered
 	truncated bool // the prompt was longer than maxBlocksPerRequest
@@ -155,11 +157,14 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	pl.pending.match(st.hashes, pl.now(), st.lens)
 	st.scored = true
 	total := float64(len(st.hashes))
+	best := 0
 	for i, e := range eps {
 		if m := int(st.lens[e.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
 			scores[i] = float64(m) / total
+			best = max(best, m)
 		}
 	}
+	st.reuse = pl.reuse.observe(float64(best) / total)
 }
 
 // Picked records the pending entry that lets followers find this prompt on ep right away.
@@ -234,6 +239,11 @@ type Matches struct {
 	lens  []int32
 	ages  []uint32
 	Total int // blocks in the prompt; 0 when the request has no scored prompt
+	// Reuse is the pool's recent reuse rate: the mean, over the last few hundred scored
+	// requests, of the share of the prompt the best endpoint held. It estimates how likely a
+	// cached block is to be asked for again: near 0 when traffic shares nothing, so that
+	// evicting costs nothing.
+	Reuse float64
 }
 
 // TailAge returns the age of ep's least recently used indexed block, in commits, or NotFull
@@ -261,5 +271,5 @@ func MatchesOf(req *router.Request) Matches {
 	if st == nil || !st.scored {
 		return Matches{}
 	}
-	return Matches{lens: st.lens, ages: st.ages, Total: len(st.hashes)}
+	return Matches{lens: st.lens, ages: st.ages, Total: len(st.hashes), Reuse: st.reuse}
 }

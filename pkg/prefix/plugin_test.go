@@ -289,3 +289,34 @@ func TestUsageOfShortOrTruncatedPromptsIsIgnored(t *testing.T) {
 		t.Errorf("capacity %d: reports of short or truncated prompts must not calibrate", got)
 	}
 }
+
+func TestReuseRateFollowsTheTraffic(t *testing.T) {
+	pl := testPlugin(t)
+	eps := twoEndpoints()
+	held := chatRequest(t, longSystem, "the same question")
+	pl.Prepare(context.Background(), held)
+	scores(pl, held, eps)
+	pl.Picked(held, eps[0])
+	pl.ResponseHeaders(held, eps[0], 200)
+	pl.Done(held, eps[0])
+	reuse := func(req *router.Request) float64 {
+		pl.Prepare(context.Background(), req)
+		scores(pl, req, eps)
+		r := MatchesOf(req).Reuse
+		pl.Done(req, eps[0])
+		return r
+	}
+	var r float64
+	for range 1500 {
+		r = reuse(chatRequest(t, longSystem, "the same question"))
+	}
+	if r < 0.95 {
+		t.Errorf("reuse %.3f after 1,500 requests for a cached prompt, want ~1", r)
+	}
+	for i := range 1500 {
+		r = reuse(chatRequest(t, fmt.Sprintf("system prompt number %d, unlike any other. %s", i, longSystem), "q"))
+	}
+	if r > 0.05 {
+		t.Errorf("reuse %.3f after 1,500 requests that share nothing, want ~0", r)
+	}
+}

@@ -37,8 +37,11 @@ func (*Scorer) Name() string { return Name }
 // share of the prompt it would insert, scaled by how young its eviction tail is relative to the
 // stalest tail among the candidates:
 //
-//	score = 1 - (uncached blocks / prompt blocks) × (1 - tail age / oldest tail age)
+//	score = 1 - reuse × (uncached blocks / prompt blocks) × (1 - tail age / oldest tail age)
 //
+// reuse is the pool's recent reuse rate (prefix.Matches.Reuse): what an evicted block is worth
+// is the chance that it is asked for again, and when the traffic shares nothing (reuse near 0)
+// the term steps aside for the load scorers.
 // An endpoint with room counts as infinitely stale, so while any candidate has room the full
 // ones score 1 - (uncached share). Relative ages keep the score free of any time unit: ages of
 // 900 and 1,000 commits are nearly the same room; 100 and 1,000 are not.
@@ -69,6 +72,6 @@ func (*Scorer) Score(_ context.Context, req *router.Request, eps []*router.Endpo
 		// With room elsewhere (oldest = NotFull) a/oldest is ~0: the full endpoint pays the whole
 		// uncached share.
 		inserted := float64(m.Total-m.Blocks(e)) / total
-		scores[i] = 1 - inserted*(1-float64(a)/float64(oldest))
+		scores[i] = 1 - m.Reuse*inserted*(1-float64(a)/float64(oldest))
 	}
 }

@@ -63,12 +63,26 @@ func newPrefix(t *testing.T, capacity int) *prefix.Plugin {
 	return px
 }
 
+// reused makes the pool's recent traffic reuse what is cached: a prompt that one endpoint holds
+// is scored many times (nothing is committed), so the reuse rate approaches 1.
+func reused(t *testing.T, px *prefix.Plugin, eps []*router.Endpoint) {
+	t.Helper()
+	serve(t, px, eps, eps[0], doc(9999, 8))
+	for range 1000 {
+		req := request(t, doc(9999, 8))
+		px.Prepare(context.Background(), req)
+		px.Score(context.Background(), req, eps, make([]float64, len(eps)))
+		px.Done(req, eps[0])
+	}
+}
+
 func TestScores(t *testing.T) {
 	tests := []struct {
-		name  string
-		setup func(t *testing.T, px *prefix.Plugin, eps []*router.Endpoint)
-		query string
-		check func(t *testing.T, s []float64)
+		name    string
+		noReuse bool // the traffic shares nothing
+		setup   func(t *testing.T, px *prefix.Plugin, eps []*router.Endpoint)
+		query   string
+		check   func(t *testing.T, s []float64)
 	}{
 		{
 			name:  "caches with room: every endpoint scores 1",
@@ -113,6 +127,22 @@ func TestScores(t *testing.T) {
 			},
 		},
 		{
+			name:    "when the traffic shares nothing, eviction costs nothing and the term steps aside",
+			noReuse: true,
+			setup: func(t *testing.T, px *prefix.Plugin, eps []*router.Endpoint) {
+				serve(t, px, eps, eps[1], doc(10, 100))
+				for i := range 10 {
+					serve(t, px, eps, eps[0], doc(20+i, 50))
+				}
+			},
+			query: doc(99, 50),
+			check: func(t *testing.T, s []float64) {
+				if s[0] < 0.95 || s[1] != 1 {
+					t.Errorf("scores %v: with no reuse both endpoints must score about 1", s)
+				}
+			},
+		},
+		{
 			name: "an endpoint with room beats a full one",
 			setup: func(t *testing.T, px *prefix.Plugin, eps []*router.Endpoint) {
 				serve(t, px, eps, eps[0], doc(1, 100))
@@ -131,6 +161,9 @@ func TestScores(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			px := newPrefix(t, 100)
 			eps := routertest.Endpoints(0, 0)
+			if !tc.noReuse {
+				reused(t, px, eps)
+			}
 			tc.setup(t, px, eps)
 			tc.check(t, score(t, px, eps, tc.query))
 		})
