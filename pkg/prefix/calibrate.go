@@ -79,8 +79,12 @@ func (c *calibration) observe(renderedBytes, promptTokens, blockSize int) {
 	c.mu.Unlock()
 }
 
-// state returns the factor applied and the tokens-per-block estimate (0 before any report).
+// state returns the factor applied and the tokens-per-block estimate (0 before any report, or
+// when calibration is off).
 func (c *calibration) state() (factor, tokensPerBlock float64) {
+	if c == nil {
+		return 1, 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.factor, c.reportedTokens
@@ -90,7 +94,7 @@ func (c *calibration) state() (factor, tokensPerBlock float64) {
 // rendered calibrates the index's capacity, and its cached_tokens is counted for the measured
 // hit ratio next to the predicted one.
 func (pl *Plugin) usage(st *state, u openai.Usage) {
-	if st.truncated || st.rendered == 0 {
+	if pl.calib == nil || st.truncated || st.rendered == 0 {
 		return
 	}
 	pl.calib.observe(st.rendered, u.PromptTokens, pl.p.BlockSize)

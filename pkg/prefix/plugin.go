@@ -26,6 +26,10 @@ type Params struct {
 	LRUCapacityPerEndpoint int             `json:"lruCapacityPerEndpoint"`
 	MinMatchBlocks         int             `json:"minMatchBlocks"`
 	PendingTTL             config.Duration `json:"pendingTTL"`
+	// CalibrateCapacity converts LRUCapacityPerEndpoint (KV blocks of 16 tokens) into index
+	// blocks with the tokens per byte learned from the servers' usage reports (calibrate.go);
+	// false keeps the index at LRUCapacityPerEndpoint of its own blocks.
+	CalibrateCapacity bool `json:"calibrateCapacity"`
 }
 
 // Validate names the first bad field.
@@ -98,7 +102,9 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 		pending: newPendingSet(p.PendingTTL.D()),
 		now:     time.Now,
 	}
-	pl.calib = newCalibration(p.LRUCapacityPerEndpoint, pl.index.SetCapacityAll)
+	if p.CalibrateCapacity {
+		pl.calib = newCalibration(p.LRUCapacityPerEndpoint, pl.index.SetCapacityAll)
+	}
 	pl.metrics = newPluginMetrics(pl, reg)
 	return pl, nil
 }

@@ -15,7 +15,7 @@ import (
 func testPlugin(t *testing.T) *Plugin {
 	t.Helper()
 	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: 10000,
-		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute)}, nil)
+		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), CalibrateCapacity: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,17 +236,26 @@ func TestUsageReportsRescaleCapacity(t *testing.T) {
 		bytesPerToken float64
 		reports       int
 		want          int
+		off           bool
 	}{
-		{"no reports: 4 bytes per token assumed", 5, 0, 10000},
-		{"too few reports to act on", 5, calibMinSamples - 1, 10000},
-		{"5 bytes per token: blocks hold fewer tokens, so more of them fit", 5, 200, 12500},
-		{"3 bytes per token (code): fewer blocks fit", 3, 200, 7500},
-		{"4 bytes per token: unchanged", 4, 200, 10000},
-		{"absurd reports are clamped to 16 bytes per token", 64, 200, 40000},
+		{"no reports: 4 bytes per token assumed", 5, 0, 10000, false},
+		{"calibration off: the configured capacity stays", 5, 200, 10000, true},
+		{"too few reports to act on", 5, calibMinSamples - 1, 10000, false},
+		{"5 bytes per token: blocks hold fewer tokens, so more of them fit", 5, 200, 12500, false},
+		{"3 bytes per token (code): fewer blocks fit", 3, 200, 7500, false},
+		{"4 bytes per token: unchanged", 4, 200, 10000, false},
+		{"absurd reports are clamped to 16 bytes per token", 64, 200, 40000, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			pl := testPlugin(t)
+			if tc.off {
+				var err error
+				if pl, err = New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: 10000,
+					MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute)}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
 			eps := twoEndpoints()
 			for i := range tc.reports {
 				req := chatRequest(t, longSystem, fmt.Sprintf("question %d", i))
@@ -268,7 +277,7 @@ func TestUsageReportsRescaleCapacity(t *testing.T) {
 
 func TestUsageOfShortOrTruncatedPromptsIsIgnored(t *testing.T) {
 	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 8, LRUCapacityPerEndpoint: 10000,
-		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute)}, nil)
+		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), CalibrateCapacity: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
