@@ -28,6 +28,7 @@ import (
 	"syscall"
 
 	"github.com/kvpick/kvpick/pkg/loadgen"
+	"github.com/kvpick/kvpick/pkg/pickerproc"
 )
 
 func main() {
@@ -283,13 +284,13 @@ func (c *common) target(ctx context.Context, lruCapacity int, stderr io.Writer) 
 	cleanup := func() { os.RemoveAll(dir) }
 	bin := c.pickerBin
 	if bin == "" {
-		root, err := loadgen.ModuleRoot()
+		root, err := pickerproc.ModuleRoot()
 		if err != nil {
 			cleanup()
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("%w: use --picker-bin or --picker-addr", err)
 		}
 		fmt.Fprintln(stderr, "loadgen: building ./cmd/extproc ...")
-		if bin, err = loadgen.BuildPicker(ctx, root, dir); err != nil {
+		if bin, err = pickerproc.Build(ctx, root, dir); err != nil {
 			cleanup()
 			return nil, nil, err
 		}
@@ -313,18 +314,23 @@ func (c *common) target(ctx context.Context, lruCapacity int, stderr io.Writer) 
 	t := p.Target
 	return &t, func(failed bool) string {
 		defer cleanup()
-		exitedEarly := p.Exited()
-		stopErr := p.Stop()
-		levels := p.LogLevels()
+		exitedEarly := false
+		select {
+		case <-p.Proc.Exited():
+			exitedEarly = true
+		default:
+		}
+		stopErr := p.Proc.Stop()
+		levels := p.Proc.LogCounts()
 		note := fmt.Sprintf("picker log: %d info, %d warn, %d error lines", levels["info"], levels["warn"], levels["error"])
 		if exitedEarly {
 			note = "picker EXITED during the run; " + note
 		}
-		if stopErr != nil {
-			note += "; " + stopErr.Error()
-		}
-		if failed || exitedEarly || levels["error"] > 0 || levels["warn"] > 0 {
-			note += "\nlast picker log lines:\n  " + strings.Join(p.LogTail(), "\n  ")
+		switch {
+		case stopErr != nil:
+			note += "; " + stopErr.Error() // ends with the last log lines
+		case failed || exitedEarly || levels["error"] > 0 || levels["warn"] > 0:
+			note += "\nlast picker log lines:\n  " + strings.ReplaceAll(p.Proc.Logs(), "\n", "\n  ")
 		}
 		return note
 	}, nil

@@ -1,20 +1,11 @@
 package replay
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -22,27 +13,24 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/dataplane"
+	"github.com/kvpick/kvpick/pkg/pickerproc"
 	"github.com/kvpick/kvpick/pkg/promtext"
 )
 
 // PickerPackage is the import path of the picker's command.
-const PickerPackage = "github.com/kvpick/kvpick/cmd/extproc"
+const PickerPackage = pickerproc.Package
 
 // BuildPicker compiles the picker binary into dir (with the go command, from the module the
 // current directory is in), with extra go build flags, and returns its path.
 func BuildPicker(ctx context.Context, dir string, flags ...string) (string, error) {
-	out := filepath.Join(dir, "extproc")
-	args := append(append([]string{"build", "-o", out}, flags...), PickerPackage)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s (run from inside the kvpick module, or pass --picker-bin): %v\n%s",
-			PickerPackage, err, b)
+	bin, err := pickerproc.Build(ctx, "", dir, flags...)
+	if err != nil {
+		return "", fmt.Errorf("%w\n(run from inside the kvpick module, or pass --picker-bin)", err)
 	}
-	return out, nil
+	return bin, nil
 }
 
 // PickerConfig returns the configuration a picker in front of the simulated engines runs with:
@@ -122,10 +110,7 @@ type Picker struct {
 	Client            *dataplane.Client
 
 	conn *grpc.ClientConn
-	cmd  *exec.Cmd
-	logs *tail
-	wait chan struct{} // closed when the process exited
-	werr error
+	proc *pickerproc.Process // nil for DialPicker's
 }
 
 // StartPicker runs the picker binary on free loopback ports with cfg and waits until its
@@ -135,53 +120,13 @@ func StartPicker(ctx context.Context, bin string, cfg *config.Config, dir string
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp(dir, "picker-*.yaml")
+	proc, err := pickerproc.Start(ctx, pickerproc.Options{Bin: bin, Config: b, Dir: dir})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if err := f.Close(); err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "--grpc-port=0", "--grpc-health-port=0", "--metrics-port=0",
-		"--secure-serving=false", "--log-level=info", "--config-file", f.Name())
-	cmd.Stdout = io.Discard
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &Picker{cmd: cmd, logs: &tail{max: 40}, wait: make(chan struct{})}
-	addrs := make(chan [3]string, 1)
-	go p.readLogs(stderr, addrs)
-	go func() {
-		p.werr = cmd.Wait()
-		close(p.wait)
-	}()
-	var a [3]string
-	select {
-	case a = <-addrs:
-	case <-p.wait:
-		return nil, fmt.Errorf("picker exited at start (%v):\n%s", p.werr, p.logs)
-	case <-time.After(30 * time.Second):
-		p.kill()
-		return nil, fmt.Errorf("picker did not start within 30 s:\n%s", p.logs)
-	case <-ctx.Done():
-		p.kill()
-		return nil, ctx.Err()
-	}
-	p.Addr, p.MetricsAddr = a[0], a[2]
-	if err := waitReady(ctx, a[1], p.wait); err != nil {
-		p.kill()
-		return nil, fmt.Errorf("%v\n%s", err, p.logs)
-	}
+	p := &Picker{Addr: proc.GRPCAddr, MetricsAddr: proc.MetricsAddr, proc: proc}
 	if err := p.dial(false); err != nil {
-		p.kill()
+		proc.Kill()
 		return nil, err
 	}
 	return p, nil
@@ -211,129 +156,24 @@ func (p *Picker) dial(useTLS bool) error {
 	return nil
 }
 
-// readLogs keeps the last lines of the picker's log and finds the line that gives its addresses.
-func (p *Picker) readLogs(r io.Reader, addrs chan<- [3]string) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	found := false
-	for sc.Scan() {
-		line := sc.Text()
-		p.logs.add(line)
-		if found || !strings.Contains(line, "picker serving") {
-			continue
-		}
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) != nil {
-			continue
-		}
-		var a [3]string
-		ok := true
-		for i, k := range []string{"ext_proc", "health", "metrics"} {
-			s, _ := m[k].(string)
-			_, port, err := net.SplitHostPort(s)
-			if err != nil {
-				ok = false
-				break
-			}
-			a[i] = net.JoinHostPort("127.0.0.1", port)
-		}
-		if ok {
-			found = true
-			addrs <- a
-		}
-	}
-	_, _ = io.Copy(io.Discard, r)
-}
-
-func waitReady(ctx context.Context, healthAddr string, exited <-chan struct{}) error {
-	conn, err := grpc.NewClient(healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-		cancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("picker not ready within 30 s (last: %v %v)", resp.GetStatus(), err)
-		}
-		select {
-		case <-exited:
-			return errors.New("picker exited before it was ready")
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-func (p *Picker) kill() {
-	if p.cmd != nil && p.cmd.Process != nil {
-		_ = p.cmd.Process.Kill()
-		<-p.wait
-	}
-}
-
 // Stop closes the connection and, for a picker StartPicker started, stops it with SIGTERM (it
-// drains its streams, all closed by then) and waits for it to exit.
+// drains its streams, all closed by then) and waits for it to exit; a failed exit is an error.
 func (p *Picker) Stop() error {
 	if p.conn != nil {
 		p.conn.Close()
 	}
-	if p.cmd == nil {
+	if p.proc == nil {
 		return nil
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.wait:
-	case <-time.After(30 * time.Second):
-		p.kill()
-		return fmt.Errorf("picker did not exit within 30 s of SIGTERM")
-	}
-	var ee *exec.ExitError
-	if p.werr != nil && !errors.As(p.werr, &ee) {
-		return p.werr
-	}
-	if ee != nil && !ee.Success() {
-		return fmt.Errorf("picker exited with %v:\n%s", p.werr, p.logs)
-	}
-	return nil
+	return p.proc.Stop()
 }
 
-// Logs returns the last lines the picker logged.
+// Logs returns the last lines the picker logged ("" for a picker DialPicker found).
 func (p *Picker) Logs() string {
-	if p.logs == nil {
+	if p.proc == nil {
 		return ""
 	}
-	return p.logs.String()
-}
-
-// tail keeps the last max lines.
-type tail struct {
-	mu    sync.Mutex
-	max   int
-	lines []string
-}
-
-func (t *tail) add(s string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.lines = append(t.lines, s)
-	if len(t.lines) > t.max {
-		t.lines = t.lines[len(t.lines)-t.max:]
-	}
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.Join(t.lines, "\n")
+	return p.proc.Logs()
 }
 
 // ---- /metrics ------------------------------------------------------------------------------
