@@ -82,6 +82,7 @@ type state struct {
 	hasher    *Hasher
 	hashes    []uint64
 	lens      []int32  // matched blocks by endpoint slot, from the last Score
+	committed []int32  // the part of lens that the index holds (the rest: pending records)
 	ages      []uint32 // index tail ages by endpoint slot, from the last Score
 	reuse     float64  // the pool's recent reuse rate when it was scored
 	scored    bool
@@ -160,6 +161,7 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	}
 	st.ages = st.ages[:maxSlot+1]
 	pl.index.MatchAges(st.hashes, st.lens, st.ages)
+	st.committed = append(st.committed[:0], st.lens...)
 	pl.pending.match(st.hashes, pl.now(), st.lens)
 	st.scored = true
 	total := float64(len(st.hashes))
@@ -242,14 +244,21 @@ func (pl *Plugin) PendingCount() int { return pl.pending.len() }
 // Matches is what the prefix scorer found for one request: how many leading blocks of its prompt
 // each endpoint likely holds (index and pending records, before the minMatchBlocks cut).
 type Matches struct {
-	lens  []int32
-	ages  []uint32
-	Total int // blocks in the prompt; 0 when the request has no scored prompt
+	lens      []int32
+	committed []int32
+	ages      []uint32
+	Total     int // blocks in the prompt; 0 when the request has no scored prompt
 	// Reuse is the pool's recent reuse rate: the mean, over the last few hundred scored
 	// requests, of the share of the prompt the best endpoint held. It estimates how likely a
 	// cached block is to be asked for again: near 0 when traffic shares nothing, so that
 	// evicting costs nothing.
 	Reuse float64
+}
+
+// Pending reports whether ep's match rests on a pending record: the prompt's prefix is being
+// computed there right now for a request picked moments ago, not yet confirmed by a response.
+func (m Matches) Pending(ep *router.Endpoint) bool {
+	return ep.Slot < len(m.lens) && ep.Slot < len(m.committed) && m.lens[ep.Slot] > m.committed[ep.Slot]
 }
 
 // TailAge returns the age of ep's least recently used indexed block, in commits, or NotFull
@@ -277,5 +286,5 @@ func MatchesOf(req *router.Request) Matches {
 	if st == nil || !st.scored {
 		return Matches{}
 	}
-	return Matches{lens: st.lens, ages: st.ages, Total: len(st.hashes), Reuse: st.reuse}
+	return Matches{lens: st.lens, committed: st.committed, ages: st.ages, Total: len(st.hashes), Reuse: st.reuse}
 }

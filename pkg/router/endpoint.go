@@ -24,6 +24,7 @@ type Endpoint struct {
 
 	inflight  atomic.Int64
 	prefill   atomic.Int64
+	prefillHd atomic.Int64
 	removed   atomic.Bool
 	unhealthy atomic.Bool
 	metrics   atomic.Pointer[Metrics]
@@ -48,6 +49,14 @@ func (e *Endpoint) QueuedPrefill() int64 { return e.prefill.Load() }
 // response or the stream's end. Keeping it on the Endpoint, whose identity is the pointer,
 // means a late discharge can never land on an endpoint that later reused the same slot.
 func (e *Endpoint) AddQueuedPrefill(d int64) { e.prefill.Add(d) }
+
+// PrefillHead is the part of QueuedPrefill that the endpoint is working on now: the charge of the
+// oldest request routed there that has not produced a first byte yet (servers prefill in
+// arrival order), 0 when the queue is empty. The prefill scorer maintains it.
+func (e *Endpoint) PrefillHead() int64 { return e.prefillHd.Load() }
+
+// SetPrefillHead publishes the head of the endpoint's prefill queue.
+func (e *Endpoint) SetPrefillHead(n int64) { e.prefillHd.Store(n) }
 
 // Removed reports whether the endpoint has left the pool.
 func (e *Endpoint) Removed() bool { return e.removed.Load() }

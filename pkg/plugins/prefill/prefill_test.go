@@ -118,3 +118,87 @@ func TestValidate(t *testing.T) {
 		t.Fatal("negative overhead accepted")
 	}
 }
+
+// TestHeadIsTheOldestRequestStillPrefilling: the head of an endpoint's queue is the charge of the
+// oldest request there without a first byte, whatever order the others finish in.
+func TestHeadIsTheOldestRequestStillPrefilling(t *testing.T) {
+	_, pf, eps, _ := setup(t)
+	ep := eps[1]
+	var reqs []*router.Request
+	var charges []int64
+	for i := range 3 {
+		req := &router.Request{API: openai.APIOther}
+		pf.Picked(req, ep) // 2 blocks each: the overhead
+		reqs = append(reqs, req)
+		charges = append(charges, 2)
+		if h := ep.PrefillHead(); h != charges[0] {
+			t.Fatalf("after %d picks the head is %d, want the first request's %d", i+1, h, charges[0])
+		}
+	}
+	steps := []struct {
+		name     string
+		finish   int
+		wantHead int64
+	}{
+		{"a later request finishes first: the head stays", 1, 2},
+		{"the head finishes: the next one still prefilling is the head", 0, 2},
+		{"the last one finishes: empty queue, no head", 2, 0},
+	}
+	for _, st := range steps {
+		pf.ResponseHeaders(reqs[st.finish], ep, 200)
+		if h := ep.PrefillHead(); h != st.wantHead {
+			t.Fatalf("%s: head %d, want %d", st.name, h, st.wantHead)
+		}
+	}
+	if q := ep.QueuedPrefill(); q != 0 {
+		t.Fatalf("queue %d after every request finished", q)
+	}
+	for _, r := range reqs {
+		pf.Done(r, ep) // already discharged: nothing moves
+	}
+	if q, h := ep.QueuedPrefill(), ep.PrefillHead(); q != 0 || h != 0 {
+		t.Fatalf("queue %d, head %d after the streams ended", q, h)
+	}
+}
+
+// TestHalfOfTheHeadCountsAsDone: a holder working on a long prefill of another prompt is worth
+// waiting for, since that prefill is on average half done; but a request that would join a
+// prefill of its own prefix started moments ago (a pending match) waits for all of it.
+func TestHalfOfTheHeadCountsAsDone(t *testing.T) {
+	px, pf, eps, doc := setup(t) // eps[0] holds doc (committed)
+	long := request(t, strings.Repeat("another long prompt being prefilled. ", 110)) // ~64 blocks
+	score(px, pf, long, eps)
+	pf.Picked(long, eps[0])
+	head := eps[0].PrefillHead()
+	if head < 50 {
+		t.Fatalf("head %d, want the long prompt's ~64 blocks", head)
+	}
+	// A follower of doc: eps[0] holds it; the alternative is recomputing ~64 blocks on eps[1].
+	s := score(px, pf, request(t, doc+" and a question"), eps)
+	if s[0] != 1 {
+		t.Fatalf("scores %v: with half of the head done, waiting on the holder is cheapest", s)
+	}
+
+	// The same queue, but the follower's match is a pending record: the long prompt itself,
+	// picked moments ago and not answered yet.
+	px2, pf2, eps2, _ := setup(t)
+	first := request(t, strings.Repeat("a prompt nobody has seen. ", 160))
+	score(px2, pf2, first, eps2)
+	px2.Picked(first, eps2[0])
+	pf2.Picked(first, eps2[0])
+	follower := request(t, strings.Repeat("a prompt nobody has seen. ", 160)+" and more")
+	s2 := score(px2, pf2, follower, eps2)
+	m := prefix.MatchesOf(follower)
+	if !m.Pending(eps2[0]) || m.Pending(eps2[1]) {
+		t.Fatalf("pending: %v %v, want the match on endpoint 0 to rest on the pending record", m.Pending(eps2[0]), m.Pending(eps2[1]))
+	}
+	queued, own0 := eps2[0].QueuedPrefill(), int64(m.Total-m.Blocks(eps2[0])+2)
+	own1 := int64(m.Total - m.Blocks(eps2[1]) + 2)
+	// Costs without discount: queued+own0 on 0, own1 on 1; the scores must say exactly that.
+	c0, c1 := queued+own0, own1
+	least := min(c0, c1)
+	want0 := max(0, 1-float64(c0-least)/float64(least+1))
+	if diff := s2[0] - want0; diff > 1e-9 || diff < -1e-9 {
+		t.Fatalf("score on the pending holder %.4f, want %.4f (whole head counted: queue %d, own %d, other %d)", s2[0], want0, queued, own0, own1)
+	}
+}
