@@ -59,6 +59,7 @@ var (
 	_ router.PickObserver     = (*Scorer)(nil)
 	_ router.ResponseObserver = (*Scorer)(nil)
 	_ router.DoneObserver     = (*Scorer)(nil)
+	_ router.PoolListener     = (*Scorer)(nil)
 )
 
 var stateKey = router.NewStateKey(Name)
@@ -146,6 +147,25 @@ func (s *Scorer) ResponseHeaders(req *router.Request, _ *router.Endpoint, _ int)
 // Done discharges a request whose stream ended before its response.
 func (s *Scorer) Done(req *router.Request, _ *router.Endpoint) { s.discharge(req) }
 
+// QueuedEndpoints is the number of endpoints whose queue the scorer keeps (for tests).
+func (s *Scorer) QueuedEndpoints() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queues)
+}
+
+// EndpointsChanged forgets the queues of endpoints that left the pool idle; one that still has
+// requests prefilling is forgotten when its last one is discharged.
+func (s *Scorer) EndpointsChanged(_, removed []*router.Endpoint) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range removed {
+		if q := s.queues[e]; q != nil && q.start == len(q.charges) {
+			delete(s.queues, e)
+		}
+	}
+}
+
 func (s *Scorer) discharge(req *router.Request) {
 	c, _ := req.Get(stateKey).(*charge)
 	if c == nil {
@@ -162,7 +182,10 @@ func (s *Scorer) discharge(req *router.Request) {
 	}
 	switch {
 	case q.start == len(q.charges):
-		delete(s.queues, c.ep) // idle: nothing kept for an endpoint that may have left the pool
+		q.charges, q.start = q.charges[:0], 0 // kept for the next request: no allocation per pick
+		if c.ep.Removed() {
+			delete(s.queues, c.ep) // nothing kept for an endpoint that left the pool
+		}
 		c.ep.SetPrefillHead(0)
 	default:
 		if q.start > len(q.charges)/2 { // reuse the front half of the slice

@@ -202,3 +202,22 @@ func TestHalfOfTheHeadCountsAsDone(t *testing.T) {
 		t.Fatalf("score on the pending holder %.4f, want %.4f (whole head counted: queue %d, own %d, other %d)", s2[0], want0, queued, own0, own1)
 	}
 }
+
+func TestQueuesOfRemovedEndpointsAreForgotten(t *testing.T) {
+	_, pf, eps, _ := setup(t)
+	busy, idle := &router.Request{API: openai.APIOther}, &router.Request{API: openai.APIOther}
+	pf.Picked(idle, eps[0])
+	pf.Done(idle, eps[0]) // eps[0] idle again
+	pf.Picked(busy, eps[1])
+	for _, e := range eps {
+		e.MarkRemoved()
+	}
+	pf.EndpointsChanged(nil, eps)
+	if n := pf.QueuedEndpoints(); n != 1 {
+		t.Fatalf("%d queues kept after both endpoints left, want 1 (the one still prefilling)", n)
+	}
+	pf.Done(busy, eps[1])
+	if n := pf.QueuedEndpoints(); n != 0 {
+		t.Fatalf("%d queues kept after the last request of a removed endpoint ended", n)
+	}
+}
