@@ -165,8 +165,9 @@ func TestHeadIsTheOldestRequestStillPrefilling(t *testing.T) {
 // waiting for, since that prefill is on average half done; but a request that would join a
 // prefill of its own prefix started moments ago (a pending match) waits for all of it.
 func TestHalfOfTheHeadCountsAsDone(t *testing.T) {
-	px, pf, eps, doc := setup(t) // eps[0] holds doc (committed)
-	long := request(t, strings.Repeat("another long prompt being prefilled. ", 110)) // ~64 blocks
+	// eps[0] holds doc (committed); a ~64-block prompt of its own is being prefilled there.
+	px, pf, eps, doc := setup(t)
+	long := request(t, strings.Repeat("another long prompt being prefilled. ", 110))
 	score(px, pf, long, eps)
 	pf.Picked(long, eps[0])
 	head := eps[0].PrefillHead()
