@@ -8,22 +8,13 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/config"
-	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/plugins/cacheroom"
 	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/kvpick/kvpick/pkg/router/routertest"
 )
 
-func request(t *testing.T, content string) *router.Request {
-	t.Helper()
-	body := fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":%q}]}`, content)
-	var b openai.Request
-	if err := openai.Parse(openai.APIChatCompletions, body, &b); err != nil {
-		t.Fatal(err)
-	}
-	return &router.Request{API: openai.APIChatCompletions, Body: &b, Model: b.Model}
-}
+func request(t *testing.T, content string) *router.Request { return routertest.Chat(t, content) }
 
 // doc returns a distinct prompt of about n blocks of 64 bytes.
 func doc(i, n int) string {

@@ -2,7 +2,6 @@ package prefill_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -39,15 +38,7 @@ func setup(t *testing.T) (*prefix.Plugin, *prefill.Scorer, []*router.Endpoint, s
 	return px, pf, eps, doc
 }
 
-func request(t *testing.T, content string) *router.Request {
-	t.Helper()
-	body := fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":%q}]}`, content)
-	var b openai.Request
-	if err := openai.Parse(openai.APIChatCompletions, body, &b); err != nil {
-		t.Fatal(err)
-	}
-	return &router.Request{API: openai.APIChatCompletions, Body: &b, Model: b.Model}
-}
+func request(t *testing.T, content string) *router.Request { return routertest.Chat(t, content) }
 
 func score(px *prefix.Plugin, pf *prefill.Scorer, req *router.Request, eps []*router.Endpoint) []float64 {
 	px.Prepare(context.Background(), req)

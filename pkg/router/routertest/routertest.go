@@ -4,7 +4,9 @@ package routertest
 import (
 	"fmt"
 	"strings"
+	"testing"
 
+	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/router"
 )
 
@@ -26,4 +28,15 @@ func Addrs(eps []*router.Endpoint) string {
 		s[i] = e.Addr
 	}
 	return strings.Join(s, ",")
+}
+
+// Chat returns a parsed chat-completions request for model "m" with one user message.
+func Chat(t testing.TB, content string) *router.Request {
+	t.Helper()
+	body := fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":%q}]}`, content)
+	var b openai.Request
+	if err := openai.Parse(openai.APIChatCompletions, body, &b); err != nil {
+		t.Fatal(err)
+	}
+	return &router.Request{API: openai.APIChatCompletions, Body: &b, Model: b.Model}
 }
