@@ -58,16 +58,20 @@ func picker(t *testing.T) string {
 func TestEndToEndAgainstThePicker(t *testing.T) {
 	bin := picker(t)
 	rep, err := Benchmark(context.Background(), Options{
-		Workloads: []string{"shared-prefix"}, Policies: []string{RoundRobin, KVPick},
+		Workloads: []string{"shared-prefix"}, Policies: []string{RoundRobin, Precise, KVPick},
 		Seed: 1, Engines: 4, Requests: 480, Clock: ClockVirtual, PickerBin: bin,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Results) != 2 || rep.Picker == nil || rep.Picker.Pool.HealthCheck.Interval != 0 || len(rep.Picker.Pool.Endpoints) != 4 {
+	if len(rep.Results) != 3 || rep.Picker == nil || rep.Picker.Pool.HealthCheck.Interval != 0 || len(rep.Picker.Pool.Endpoints) != 4 {
 		t.Fatalf("report: %d results, picker config %+v", len(rep.Results), rep.Picker)
 	}
-	rr, kv := rep.Results[0], rep.Results[1]
+	rr, pr, kv := rep.Results[0], rep.Results[1], rep.Results[2]
+	// The routing-quality floor of issue 4, on a small pool: a regression shows here first.
+	if kv.HitRatio < 0.95*pr.HitRatio || float64(kv.TTFT.Mean) > 1.3*float64(pr.TTFT.Mean) {
+		t.Errorf("kvpick hit %.3f, mean TTFT %v; precise %.3f, %v", kv.HitRatio, kv.TTFT.Mean, pr.HitRatio, pr.TTFT.Mean)
+	}
 	for _, s := range rep.Results {
 		if s.Completed != 480 || s.Errors != 0 || s.TTFT.P50 <= 0 || s.TTFT.P99 < s.TTFT.P50 || s.OutputTokPerSec <= 0 ||
 			s.ReqPerSec <= 0 || s.RequestImbalance < 1 || s.Util <= 0 || s.Util > 1 {
@@ -103,7 +107,7 @@ func TestEndToEndAgainstThePicker(t *testing.T) {
 	}
 	var back Report
 	b, _ := os.ReadFile(filepath.Join(dir, "r.json"))
-	if err := json.Unmarshal(b, &back); err != nil || len(back.Results) != 2 || back.Results[1].HitRatio != kv.HitRatio {
+	if err := json.Unmarshal(b, &back); err != nil || len(back.Results) != 3 || back.Results[2].HitRatio != kv.HitRatio {
 		t.Fatalf("JSON round trip: %v", err)
 	}
 	files, err := rep.WriteSVG(dir)
@@ -269,5 +273,49 @@ func TestPickerConfigSizesThePrefixIndexLikeAnOperator(t *testing.T) {
 	}
 	if got := capacityOf(cfg); got != 1234 {
 		t.Fatalf("capacity %v, want the file's 1234", got)
+	}
+}
+
+// TestUsageReportsReachThePicker: the usage object that ends each simulated response reaches the
+// real picker binary over ext_proc. Its measured hit ratio (the servers' cached_tokens) is the
+// engines' own, and its index capacity is rescaled from lruCapacityPerEndpoint (16-token KV
+// blocks) by the tokens per block it learned: the simulated tokenizer makes ~3.6 bytes per
+// token, ~17.7 tokens per 64-byte block.
+func TestUsageReportsReachThePicker(t *testing.T) {
+	bin := picker(t)
+	ctx := context.Background()
+	w, err := Generate("shared-prefix", Spec{Seed: 1, Engines: 4, Requests: 300, Engine: EngineConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := PickerConfig("", EndpointList(4), EngineConfig().NumGPUBlocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	configured := EngineConfig().NumGPUBlocks * 85 / 100
+	p, err := StartPicker(ctx, bin, cfg, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	res, err := Run(ctx, RunConfig{Workload: w, Policy: KVPick, Engines: 4, Clock: ClockVirtual, Picker: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(res)
+	m, err := ScrapeMetrics(ctx, p.MetricsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	measured := m.Sum("kvpick_prefix_server_cached_tokens_total") / m.Sum("kvpick_prefix_server_prompt_with_cached_tokens_total")
+	if math.Abs(measured-s.HitRatio) > 1e-9 {
+		t.Errorf("picker's measured hit ratio %.6f, engines' %.6f", measured, s.HitRatio)
+	}
+	if tpb := m.Value("kvpick_prefix_tokens_per_block"); tpb < 16.5 || tpb > 19 {
+		t.Errorf("tokens per block %.2f, want ~17.7", tpb)
+	}
+	want := float64(configured) * 16 / 17.7
+	if c := m.Value("kvpick_prefix_capacity_blocks"); math.Abs(c-want) > 0.05*want {
+		t.Errorf("index capacity %.0f blocks, want ~%.0f (%d configured x 16/17.7)", c, want, configured)
 	}
 }
