@@ -61,6 +61,28 @@ type Plugin struct {
 	Parameters json.RawMessage `json:"parameters,omitempty"`
 }
 
+// SetParameter sets one parameter of every listed plugin of that name, keeping its other
+// parameters; it reports whether the pipeline lists the plugin at all.
+func (c *Config) SetParameter(plugin, key string, value any) (found bool, err error) {
+	for i, p := range c.Plugins {
+		if p.Name != plugin {
+			continue
+		}
+		params := map[string]any{}
+		if len(p.Parameters) > 0 {
+			if err := json.Unmarshal(p.Parameters, &params); err != nil {
+				return false, fmt.Errorf("plugins[%d] (%s): %w", i, plugin, err)
+			}
+		}
+		params[key] = value
+		if c.Plugins[i].Parameters, err = json.Marshal(params); err != nil {
+			return false, err
+		}
+		found = true
+	}
+	return found, nil
+}
+
 // Default returns the compiled-in defaults.
 func Default() *Config {
 	c, err := parse(defaultYAML, nil)

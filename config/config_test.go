@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,5 +88,42 @@ func TestLoadReportsTheFile(t *testing.T) {
 	}
 	if c, err := Load(empty); err != nil || len(c.Plugins) == 0 {
 		t.Fatalf("an empty file must mean the defaults: %v", err)
+	}
+}
+
+func TestSetParameterKeepsTheOtherParameters(t *testing.T) {
+	tests := []struct {
+		plugin    string
+		wantFound bool
+	}{
+		{"prefix-scorer", true},
+		{"no-such-plugin", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.plugin, func(t *testing.T) {
+			c := Default()
+			found, err := c.SetParameter(tc.plugin, "lruCapacityPerEndpoint", 1234)
+			if err != nil || found != tc.wantFound {
+				t.Fatalf("found %v, err %v; want found %v", found, err, tc.wantFound)
+			}
+			var got map[string]any
+			for _, p := range c.Plugins {
+				if p.Name == "prefix-scorer" {
+					if err := json.Unmarshal(p.Parameters, &got); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			wantCap := float64(21000)
+			if tc.wantFound {
+				wantCap = 1234
+			}
+			if got["lruCapacityPerEndpoint"] != wantCap || got["blockSize"] != float64(64) {
+				t.Errorf("prefix-scorer parameters %v: want capacity %v and the other defaults kept", got, wantCap)
+			}
+			if err := c.Validate(); err != nil {
+				t.Errorf("the result does not validate: %v", err)
+			}
+		})
 	}
 }

@@ -38,24 +38,9 @@ func PickerConfig(lruCapacity int) ([]byte, error) {
 	cfg := config.Default()
 	cfg.Pool.HealthCheck.Interval = 0
 	if lruCapacity > 0 {
-		found := false
-		for i, p := range cfg.Plugins {
-			if p.Name != "prefix-scorer" {
-				continue
-			}
-			params := map[string]any{}
-			if len(p.Parameters) > 0 {
-				if err := json.Unmarshal(p.Parameters, &params); err != nil {
-					return nil, err
-				}
-			}
-			params["lruCapacityPerEndpoint"] = lruCapacity
-			b, err := json.Marshal(params)
-			if err != nil {
-				return nil, err
-			}
-			cfg.Plugins[i].Parameters = b
-			found = true
+		found, err := cfg.SetParameter("prefix-scorer", "lruCapacityPerEndpoint", lruCapacity)
+		if err != nil {
+			return nil, err
 		}
 		if !found {
 			return nil, fmt.Errorf("the default configuration has no prefix-scorer")

@@ -23,7 +23,7 @@ const (
 	calibDecay = 1 - 1.0/4096
 	// calibMinSamples is how many reports it takes before the first rescale.
 	calibMinSamples = 64
-	// calibMinBytes skips prompts of under four blocks, where the server's chat-template tokens
+	// calibMinBlocks skips prompts of under four blocks, where the server's chat-template tokens
 	// outweigh the text.
 	calibMinBlocks = 4
 	// calibStep is the relative change of the factor that triggers a rescale: rescaling evicts
@@ -79,20 +79,19 @@ func (c *calibration) observe(renderedBytes, promptTokens, blockSize int) {
 	c.mu.Unlock()
 }
 
-// state returns the factor applied and the tokens-per-block estimate (0 before any report, or
-// when calibration is off).
-func (c *calibration) state() (factor, tokensPerBlock float64) {
+// tokensPerBlock returns the current estimate of server tokens per index block (0 before any
+// report, or when calibration is off).
+func (c *calibration) tokensPerBlock() float64 {
 	if c == nil {
-		return 1, 0
+		return 0
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.factor, c.reportedTokens
+	return c.reportedTokens
 }
 
-// Usage implements router.UsageObserver: the server's prompt_tokens for a prompt the picker
-// rendered calibrates the index's capacity, and its cached_tokens is counted for the measured
-// hit ratio next to the predicted one.
+// usage calibrates the index's capacity from the server's prompt_tokens for a prompt the picker
+// rendered whole (Plugin.Usage also counts the report for the metrics).
 func (pl *Plugin) usage(st *state, u openai.Usage) {
 	if pl.calib == nil || st.truncated || st.rendered == 0 {
 		return

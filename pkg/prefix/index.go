@@ -116,15 +116,7 @@ func (x *Index) lru(slot int) *endpointLRU {
 func (x *Index) SetCapacity(slot, capacity int) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	l := x.lru(slot)
-	l.capacity = max(capacity, 1)
-	for l.n > l.capacity {
-		x.evict(l)
-	}
-	l.byHash.limit = slotsFor(l.capacity)
-	if len(l.byHash.slots) > l.byHash.limit {
-		l.byHash.resize(l.byHash.limit)
-	}
+	x.resizeLocked(x.lru(slot), capacity)
 }
 
 // SetCapacityAll bounds every endpoint's LRU, and those of endpoints to come, to capacity
@@ -137,11 +129,20 @@ func (x *Index) SetCapacityAll(capacity int) {
 	for slot := range n {
 		x.mu.Lock()
 		if slot < len(x.eps) && x.eps[slot] != nil {
-			x.mu.Unlock()
-			x.SetCapacity(slot, capacity)
-			continue
+			x.resizeLocked(x.eps[slot], capacity)
 		}
 		x.mu.Unlock()
+	}
+}
+
+func (x *Index) resizeLocked(l *endpointLRU, capacity int) {
+	l.capacity = max(capacity, 1)
+	for l.n > l.capacity {
+		x.evict(l)
+	}
+	l.byHash.limit = slotsFor(l.capacity)
+	if len(l.byHash.slots) > l.byHash.limit {
+		l.byHash.resize(l.byHash.limit)
 	}
 }
 

@@ -48,7 +48,7 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvpick_prefix_tokens_per_block",
 			Help: "Server tokens per index block, learned from usage reports (0 until the first report).",
-		}, func() float64 { _, t := pl.calib.state(); return t }),
+		}, pl.calib.tokensPerBlock),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvpick_prefix_capacity_blocks",
 			Help: "Per-endpoint capacity of the index in its own blocks: lruCapacityPerEndpoint rescaled by the learned tokens per block.",

@@ -51,20 +51,8 @@ func PickerConfig(file string, endpoints []string, engineBlocks int) (*config.Co
 			return nil, err
 		}
 		if !userSet {
-			for i, p := range cfg.Plugins {
-				if p.Name != prefixScorer {
-					continue
-				}
-				params := map[string]any{}
-				if len(p.Parameters) > 0 {
-					if err := json.Unmarshal(p.Parameters, &params); err != nil {
-						return nil, err
-					}
-				}
-				params[capacityKey] = engineBlocks * 85 / 100
-				if cfg.Plugins[i].Parameters, err = json.Marshal(params); err != nil {
-					return nil, err
-				}
+			if _, err := cfg.SetParameter(prefixScorer, capacityKey, engineBlocks*85/100); err != nil {
+				return nil, err
 			}
 		}
 	}
