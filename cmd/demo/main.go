@@ -21,7 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/kvpick/kvpick/pkg/demo"
+	"github.com/kvpick/kvpick/internal/demo"
 )
 
 func main() {

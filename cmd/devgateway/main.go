@@ -1,6 +1,6 @@
 // Command devgateway is a development HTTP gateway that plays the data plane (Envoy's ext_proc
 // filter and ORIGINAL_DST cluster) in front of the kvpick picker, so the whole path runs on one
-// machine without Envoy. It is a development tool, not a production proxy: see pkg/devgateway.
+// machine without Envoy. It is a development tool, not a production proxy: see internal/devgateway.
 //
 //	devgateway --picker 127.0.0.1:9002 --listen 127.0.0.1:8080
 //	devgateway --policy round-robin --endpoints 127.0.0.2:8000,127.0.0.3:8000
@@ -22,7 +22,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/kvpick/kvpick/pkg/devgateway"
+	"github.com/kvpick/kvpick/internal/devgateway"
 )
 
 func main() {

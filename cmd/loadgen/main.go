@@ -27,8 +27,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kvpick/kvpick/pkg/loadgen"
-	"github.com/kvpick/kvpick/pkg/pickerproc"
+	"github.com/kvpick/kvpick/internal/loadgen"
+	"github.com/kvpick/kvpick/internal/pickerproc"
 )
 
 func main() {

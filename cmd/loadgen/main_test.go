@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvpick/kvpick/config"
-	"github.com/kvpick/kvpick/pkg/loadgen"
+	"github.com/kvpick/kvpick/internal/loadgen"
 	"github.com/kvpick/kvpick/pkg/runner"
 )
 

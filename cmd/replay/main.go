@@ -15,7 +15,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/kvpick/kvpick/pkg/replay"
+	"github.com/kvpick/kvpick/internal/replay"
 )
 
 func main() {

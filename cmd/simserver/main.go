@@ -1,5 +1,5 @@
 // Command simserver is a simulated vLLM model server: an OpenAI-compatible
-// HTTP API with vLLM's /metrics, backed by pkg/engine's model of batching,
+// HTTP API with vLLM's /metrics, backed by internal/engine's model of batching,
 // prefix caching and timing. Tests, the demo and benchmarks run a pool of
 // them in place of GPUs.
 package main
@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/kvpick/kvpick/pkg/engine"
-	"github.com/kvpick/kvpick/pkg/engine/httpserver"
+	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/httpserver"
 )
 
 func main() {

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvpick/kvpick/config"
-	"github.com/kvpick/kvpick/pkg/dataplane"
+	"github.com/kvpick/kvpick/internal/dataplane"
 	"github.com/kvpick/kvpick/pkg/runner"
-	"github.com/kvpick/kvpick/pkg/runner/runnertest"
+	"github.com/kvpick/kvpick/internal/runnertest"
 )
 
 // harness is a real picker (default pipeline) behind a real gRPC server on loopback, and an

@@ -17,7 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvpick/kvpick/config"
-	"github.com/kvpick/kvpick/pkg/dataplane"
+	"github.com/kvpick/kvpick/internal/dataplane"
 )
 
 func startPicker(t *testing.T, secure bool) (grpcAddr, healthAddr, metricsAddr string, stop func() error) {

@@ -11,7 +11,7 @@ import (
 	"github.com/kvpick/kvpick/pkg/plugins/cacheroom"
 	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/pkg/router/routertest"
+	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func request(t *testing.T, content string) *router.Request { return routertest.Chat(t, content) }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/kvpick/kvpick/pkg/plugins/health"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/pkg/router/routertest"
+	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func TestHealthFilterSkipsUnhealthyEndpoints(t *testing.T) {

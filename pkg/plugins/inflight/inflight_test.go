@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvpick/kvpick/pkg/plugins/inflight"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/pkg/router/routertest"
+	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func TestInflightScorerPrefersLessLoaded(t *testing.T) {

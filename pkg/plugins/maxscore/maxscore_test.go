@@ -6,7 +6,7 @@ import (
 
 	"github.com/kvpick/kvpick/pkg/plugins/maxscore"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/pkg/router/routertest"
+	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func TestMaxScorePicker(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 
 	"github.com/kvpick/kvpick/pkg/plugins/subset"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/pkg/router/routertest"
+	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func TestSubsetFilter(t *testing.T) {

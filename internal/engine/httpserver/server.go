@@ -1,0 +1,299 @@
+// Package httpserver serves an engine.Engine over OpenAI's HTTP API, with
+// vLLM's /metrics, so that it stands in for one vLLM replica in tests, the
+// demo and benchmarks.
+package httpserver
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvpick/kvpick/internal/engine"
+)
+
+// maxBodyBytes bounds request bodies; long-context prompts are large, but
+// not this large.
+const maxBodyBytes = 64 << 20
+
+// Options configure a Server.
+type Options struct {
+	// ServedBy is the x-served-by response header. Empty means the local
+	// address the request arrived on, which tells tests which replica
+	// answered.
+	ServedBy string
+	// AlwaysUsage adds the usage chunk to every stream, as if the client
+	// had set stream_options.include_usage (vLLM's
+	// --enable-force-include-usage). Routers need it to learn
+	// cached_tokens from streamed answers.
+	AlwaysUsage bool
+	// ChunkTokens is the number of tokens per streamed chunk (default 4).
+	ChunkTokens int
+	// Logger logs each request at debug level; nil logs nothing.
+	Logger *zap.Logger
+}
+
+// Server is an http.Handler for one engine.
+type Server struct {
+	eng     *engine.Engine
+	clock   engine.Clock
+	opts    Options
+	log     *zap.Logger
+	created int64
+	ids     atomic.Uint64
+	mux     *http.ServeMux
+}
+
+// New returns a handler serving eng.
+func New(eng *engine.Engine, opts Options) *Server {
+	if opts.ChunkTokens < 1 {
+		opts.ChunkTokens = 4
+	}
+	s := &Server{eng: eng, clock: eng.Clock(), opts: opts, log: opts.Logger, created: eng.Clock().Now().Unix()}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /metrics", s.metrics)
+	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+	s.mux = mux
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("x-served-by", s.servedBy(r))
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) servedBy(r *http.Request) string {
+	if s.opts.ServedBy != "" {
+		return s.opts.ServedBy
+	}
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		return a.String()
+	}
+	return ""
+}
+
+// apiError is OpenAI's error body.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
+func errorType(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "BadRequestError"
+	case http.StatusNotFound:
+		return "NotFoundError"
+	case http.StatusMethodNotAllowed:
+		return "MethodNotAllowed"
+	case http.StatusServiceUnavailable:
+		return "ServiceUnavailableError"
+	default:
+		return "InternalServerError"
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	var e apiError
+	e.Error.Message = msg
+	e.Error.Type = errorType(status)
+	e.Error.Code = status
+	writeJSON(w, status, e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	cfg := s.eng.Config()
+	type model struct {
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		Created     int64  `json:"created"`
+		OwnedBy     string `json:"owned_by"`
+		Root        string `json:"root"`
+		MaxModelLen int    `json:"max_model_len"`
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data":   []model{{ID: cfg.Model, Object: "model", Created: s.created, OwnedBy: "vllm", Root: cfg.Model, MaxModelLen: cfg.MaxModelLen}},
+	})
+}
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func usageOf(res engine.Result) *usage {
+	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens,
+		TotalTokens: res.PromptTokens + res.CompletionTokens}
+	u.PromptTokensDetails.CachedTokens = res.CachedTokens
+	return u
+}
+
+// events turns engine callbacks into channels for a handler goroutine.
+type events struct {
+	first chan engine.Result
+	done  chan engine.Result
+}
+
+func newEvents() *events {
+	return &events{first: make(chan engine.Result, 1), done: make(chan engine.Result, 1)}
+}
+
+func (ev *events) callbacks() engine.Callbacks {
+	return engine.Callbacks{
+		FirstToken: func(r engine.Result) { ev.first <- r },
+		Done:       func(r engine.Result) { ev.done <- r },
+	}
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	start := time.Now()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		return
+	}
+	var req *engine.APIRequest
+	if chat {
+		req, err = engine.ParseChatCompletion(body)
+	} else {
+		req, err = engine.ParseCompletion(body)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	cfg := s.eng.Config()
+	if req.Model != cfg.Model {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
+	id := r.Header.Get("x-request-id")
+	if id == "" {
+		id = strconv.FormatUint(s.ids.Add(1), 16)
+	}
+	w.Header().Set("x-request-id", id)
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	ev := newEvents()
+	h, err := s.eng.Submit(req.EngineRequest(prefix+id), ev.callbacks())
+	if err != nil {
+		status := http.StatusInternalServerError
+		switch {
+		case errors.Is(err, engine.ErrOverloaded):
+			status = http.StatusServiceUnavailable
+		case errors.Is(err, engine.ErrTooLong), errors.Is(err, engine.ErrEmptyPrompt):
+			status = http.StatusBadRequest
+		}
+		s.log.Debug("request refused", zap.String("id", id), zap.Int("status", status), zap.Error(err))
+		writeError(w, status, err.Error())
+		return
+	}
+	// However the handler ends, the engine must let go of the request: a
+	// client that went away frees its batch slot and pinned blocks.
+	defer h.Cancel()
+
+	var res engine.Result
+	var ok bool
+	if req.Stream {
+		res, ok = s.stream(r.Context(), w, req, h.ID(), chat, ev)
+	} else {
+		select {
+		case res = <-ev.done:
+			ok = true
+			s.respond(w, res, chat)
+		case <-r.Context().Done():
+		}
+	}
+	if !ok {
+		s.log.Debug("client went away", zap.String("id", id), zap.Duration("after", time.Since(start)))
+		return
+	}
+	s.log.Debug("request done", zap.String("id", id), zap.Bool("stream", req.Stream),
+		zap.Int("prompt_tokens", res.PromptTokens), zap.Int("cached_tokens", res.CachedTokens),
+		zap.Int("completion_tokens", res.CompletionTokens), zap.Duration("ttft", res.TTFT()),
+		zap.Duration("latency", time.Since(start)))
+}
+
+// response is OpenAI's chat.completion or text_completion object.
+type response struct {
+	ID      string           `json:"id"`
+	Object  string           `json:"object"`
+	Created int64            `json:"created"`
+	Model   string           `json:"model"`
+	Choices []responseChoice `json:"choices"`
+	Usage   *usage           `json:"usage"`
+}
+
+type responseChoice struct {
+	Index        int      `json:"index"`
+	Message      *message `json:"message,omitempty"` // chat
+	Text         *string  `json:"text,omitempty"`    // completions
+	Logprobs     any      `json:"logprobs"`
+	FinishReason string   `json:"finish_reason"`
+}
+
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+func (s *Server) respond(w http.ResponseWriter, res engine.Result, chat bool) {
+	text := res.Text(0, res.CompletionTokens)
+	c := responseChoice{FinishReason: string(res.Outcome)}
+	object := "text_completion"
+	if chat {
+		object = "chat.completion"
+		c.Message = &message{Role: "assistant", Content: text}
+	} else {
+		c.Text = &text
+	}
+	writeJSON(w, http.StatusOK, response{
+		ID: res.ID, Object: object, Created: s.clock.Now().Unix(), Model: s.eng.Config().Model,
+		Choices: []responseChoice{c}, Usage: usageOf(res),
+	})
+}

@@ -1,0 +1,76 @@
+package loadgen
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/http/pprof"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/runner"
+	"github.com/kvpick/kvpick/internal/runnertest"
+)
+
+// inProcess is a real picker (runner.Build) behind a gRPC server on loopback, with its metrics
+// and pprof on an httptest server, as the scenarios see a picker process.
+type inProcess struct {
+	pk     *runner.Picker
+	target *Target
+}
+
+func startInProcess(t *testing.T, endpoints, lruCapacity int) *inProcess {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Pool.Endpoints = FakeEndpoints(endpoints)
+	cfg.Pool.HealthCheck.Interval = 0
+	if lruCapacity > 0 {
+		// Same edit as the command makes to the picker it starts.
+		y, err := PickerConfig(lruCapacity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := config.Parse(y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Pool.Endpoints = cfg.Pool.Endpoints
+		cfg = c
+	}
+	pk, addr := runnertest.Serve(t, cfg)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(pk.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/debug/pprof/heap", pprof.Handler("heap"))
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	hs := httptest.NewServer(mux)
+	t.Cleanup(hs.Close)
+	return &inProcess{pk: pk, target: &Target{
+		GRPCAddr:   addr,
+		MetricsURL: hs.URL + "/metrics",
+		PprofURL:   hs.URL + "/debug/pprof",
+		Endpoints:  cfg.Pool.Endpoints,
+	}}
+}
+
+// inFlight sums the pool's in-flight counts.
+func (p *inProcess) inFlight() int64 {
+	var n int64
+	for _, e := range p.pk.Pool.Snapshot() {
+		n += e.InFlight()
+	}
+	return n
+}
+
+// settled waits for every stream's server side to end.
+func (p *inProcess) settled(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for p.inFlight() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("in flight after the run: %d", p.inFlight())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

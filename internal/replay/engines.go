@@ -1,0 +1,78 @@
+package replay
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvpick/kvpick/internal/engine"
+)
+
+// Model is the model name every generated request names and every simulated engine serves.
+const Model = "meta-llama/Llama-3.1-8B-Instruct"
+
+// EngineConfig is the simulated model server of the benchmark: Llama-3.1-8B on one H100 in its
+// timing, with the KV cache and the batch scaled down by about 6× so that a workload of a few
+// thousand requests puts the cache under the pressure a real one of tens of thousands would
+// (docs/replay.md, "Engines"):
+//
+//   - prefill 60 µs per uncached prompt token (~16,700 tokens/s, vLLM's chunked-prefill rate
+//     on an H100 while it also decodes) plus 2 ms per prefill step;
+//   - decode 7 ms per output token with a batch of one (~140 tokens/s per stream), three times
+//     that (21 ms) with a full batch;
+//   - 4,096 KV blocks of 16 tokens (65,536 tokens; an 80 GB H100 holds ~25,000 blocks of this
+//     model) and at most 40 running requests (vLLM's 256 × 4,096/25,000 ≈ 42), 1,000 waiting.
+func EngineConfig() engine.Config {
+	c := engine.DefaultConfig()
+	c.Model = Model
+	c.BlockSize = 16
+	c.NumGPUBlocks = 4096
+	c.MaxNumSeqs = 40
+	c.MaxWaiting = 1000
+	c.PrefillPerToken = 60 * time.Microsecond
+	c.PrefillOverhead = 2 * time.Millisecond
+	c.DecodePerToken = 7 * time.Millisecond
+	c.DecodeBatchPenalty = 2.0
+	c.OutputTokensMin = 32
+	c.OutputTokensMax = 384
+	c.Seed = 1
+	return c
+}
+
+// EndpointAddr is the address the picker knows simulated engine i by.
+func EndpointAddr(i int) string {
+	return fmt.Sprintf("10.77.%d.%d:8000", i/250, i%250+1)
+}
+
+// Epoch is simulated time zero.
+var Epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// ScaledClock is real time sped up: simulated time runs Scale times faster than the wall clock.
+// Timers fire on their own goroutines (time.AfterFunc), so the picker sees real concurrency.
+type ScaledClock struct {
+	Scale float64
+	start time.Time // simulated
+	wall  time.Time
+}
+
+// NewScaledClock returns a clock that reads start now and runs scale times faster than real time.
+func NewScaledClock(start time.Time, scale float64) *ScaledClock {
+	return &ScaledClock{Scale: scale, start: start, wall: time.Now()}
+}
+
+// Now returns the simulated time.
+func (c *ScaledClock) Now() time.Time {
+	return c.start.Add(time.Duration(float64(time.Since(c.wall)) * c.Scale))
+}
+
+// AfterFunc calls f after d of simulated time.
+func (c *ScaledClock) AfterFunc(d time.Duration, f func()) engine.Timer {
+	if d < 0 {
+		d = 0
+	}
+	return time.AfterFunc(time.Duration(float64(d)/c.Scale), f)
+}
+
+// WallOf returns how much wall time d of simulated time takes.
+func (c *ScaledClock) WallOf(d time.Duration) time.Duration {
+	return time.Duration(float64(d) / c.Scale)
+}
