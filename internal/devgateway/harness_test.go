@@ -21,8 +21,8 @@ import (
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/devgateway"
-	"github.com/kvpick/kvpick/pkg/runner"
 	"github.com/kvpick/kvpick/internal/runnertest"
+	"github.com/kvpick/kvpick/pkg/runner"
 )
 
 // testTimeout bounds every client call: a gateway that hangs fails the test instead of

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvpick/kvpick/config"
-	"github.com/kvpick/kvpick/pkg/runner"
 	"github.com/kvpick/kvpick/internal/runnertest"
+	"github.com/kvpick/kvpick/pkg/runner"
 )
 
 // inProcess is a real picker (runner.Build) behind a gRPC server on loopback, with its metrics

@@ -18,8 +18,8 @@ import (
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/dataplane"
-	"github.com/kvpick/kvpick/pkg/runner"
 	"github.com/kvpick/kvpick/internal/runnertest"
+	"github.com/kvpick/kvpick/pkg/runner"
 )
 
 // harness is a real picker (default pipeline) behind a real gRPC server on loopback, and an

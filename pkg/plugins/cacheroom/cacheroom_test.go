@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/internal/routertest"
 	"github.com/kvpick/kvpick/pkg/plugins/cacheroom"
 	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func request(t *testing.T, content string) *router.Request { return routertest.Chat(t, content) }

@@ -5,9 +5,9 @@ import (
 	"math"
 	"testing"
 
+	"github.com/kvpick/kvpick/internal/routertest"
 	"github.com/kvpick/kvpick/pkg/plugins/inflight"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func TestInflightScorerPrefersLessLoaded(t *testing.T) {

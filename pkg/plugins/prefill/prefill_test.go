@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/internal/routertest"
 	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/plugins/prefill"
 	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 // setup returns a prefix plugin, the prefill scorer and two idle endpoints, the first of which

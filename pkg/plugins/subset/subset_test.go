@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/kvpick/kvpick/internal/routertest"
 	"github.com/kvpick/kvpick/pkg/plugins/subset"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/internal/routertest"
 )
 
 func TestSubsetFilter(t *testing.T) {
