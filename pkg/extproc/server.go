@@ -102,6 +102,7 @@ type stream struct {
 	status     int     // upstream response status, 0 until response headers
 	servedAddr string  // the endpoint the proxy reports as served ("" when it does not say)
 	usageTail  *[]byte // the end of a 2xx response body, for its usage report (nil: not wanted)
+	firstByte  bool    // the response body's first byte was reported to the pipeline
 	outcome    string  // for metrics
 	started    time.Time
 }
@@ -509,6 +510,13 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 // onResponseBody passes response chunks on as they come: LLM responses are often SSE streams,
 // and holding them would destroy the client's time to first token.
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
+	if !st.firstByte && st.scheduled && len(b.GetBody()) > 0 && st.status >= 200 && st.status <= 299 {
+		// For a stream this is the first token: the server's prefill is over (its headers came
+		// when the request arrived). Reported before the chunk is passed on, so that a
+		// decision racing the client's first token already sees the queue shortened.
+		st.firstByte = true
+		st.s.pipe.FirstByte(&st.req, st.decision.Endpoint, st.servedAddr)
+	}
 	st.keepUsageTail(b.GetBody())
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		return st.srv.Send(responseBodyResponse(streamed(b.GetBody(), b.GetEndOfStream())))

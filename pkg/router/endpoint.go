@@ -23,6 +23,7 @@ type Endpoint struct {
 	Hash uint64
 
 	inflight  atomic.Int64
+	picks     atomic.Int64
 	prefill   atomic.Int64
 	prefillHd atomic.Int64
 	removed   atomic.Bool
@@ -40,6 +41,13 @@ func (e *Endpoint) InFlight() int64 { return e.inflight.Load() }
 
 // AddInFlight moves the in-flight count; the pipeline calls it at pick (+1) and stream end (-1).
 func (e *Endpoint) AddInFlight(d int64) { e.inflight.Add(d) }
+
+// Picks counts the requests ever routed to the endpoint. A metrics scrape records it when it is
+// sent (Metrics.PicksAtScrape), so that plugins can tell the picks the scrape cannot reflect yet.
+func (e *Endpoint) Picks() int64 { return e.picks.Load() }
+
+// countPick is called by the pipeline once per request routed to the endpoint.
+func (e *Endpoint) countPick() { e.picks.Add(1) }
 
 // QueuedPrefill is the prompt work, in prefix blocks, routed to the endpoint that has not
 // produced a first response byte yet: the prefill queue the picker has built there.
@@ -71,19 +79,58 @@ func (e *Endpoint) Healthy() bool { return !e.unhealthy.Load() }
 // SetHealthy records the health checker's verdict.
 func (e *Endpoint) SetHealthy(ok bool) { e.unhealthy.Store(!ok) }
 
-// Metrics is the latest scraped model-server state, or nil when none has been scraped yet.
-// Scorers that read it must treat nil as "unknown", not as "idle".
+// Metrics is the latest scraped model-server state, or nil when none has been scraped yet or
+// the last scrape failed. It may be stale: use FreshMetrics on the decision path.
 func (e *Endpoint) Metrics() *Metrics { return e.metrics.Load() }
 
-// SetMetrics publishes a new scrape. The value must not be modified afterwards.
+// FreshMetrics is Metrics when it was scraped recently enough to trust at now (before its
+// StaleAt), else nil. Plugins must treat nil as "unknown", never as "idle".
+func (e *Endpoint) FreshMetrics(now time.Time) *Metrics {
+	m := e.metrics.Load()
+	if m == nil || !now.Before(m.StaleAt) {
+		return nil
+	}
+	return m
+}
+
+// SetMetrics publishes a new scrape (nil forgets the last one). The value must not be modified
+// afterwards.
 func (e *Endpoint) SetMetrics(m *Metrics) { e.metrics.Store(m) }
 
-// Metrics is what a model server reports about itself on /metrics (vLLM or SGLang names).
+// Metrics is what a model server reports about itself on /metrics (vLLM or SGLang names, or
+// the names a pool configures). A field the server does not report keeps its zero value and
+// its Has flag is false.
 type Metrics struct {
-	Waiting      int     // requests queued, not yet scheduled
-	Running      int     // requests in the running batch
-	KVUsage      float64 // fraction of KV-cache blocks in use, 0..1
-	NumGPUBlocks int     // KV-cache capacity in blocks, 0 when not reported
-	BlockSize    int     // tokens per KV block, 0 when not reported
-	UpdatedAt    time.Time
+	Waiting int // requests queued, not yet scheduled (vllm:num_requests_waiting)
+	Running int // requests in the running batch (vllm:num_requests_running)
+	// KVUsage is the fraction of KV-cache blocks in use by running requests, 0..1.
+	KVUsage float64
+	// NumGPUBlocks and BlockSize are the KV cache's capacity (blocks of BlockSize tokens), from
+	// vllm:cache_config_info; 0 when not reported. SGLang reports tokens (max_total_num_tokens):
+	// the scraper gives it as NumGPUBlocks = tokens, BlockSize = 1.
+	NumGPUBlocks int
+	BlockSize    int
+	// LoRA adapters (vllm:lora_requests_info): running and waiting adapter names, and the
+	// server's max_lora (0 when not reported).
+	RunningLoRAs []string
+	WaitingLoRAs []string
+	MaxLoRA      int
+
+	HasQueue   bool // Waiting and Running were reported
+	HasKVUsage bool // KVUsage was reported
+
+	// ScrapedAt is when the scrape's answer arrived; StaleAt when it stops being trusted.
+	ScrapedAt time.Time
+	StaleAt   time.Time
+	// PicksAtScrape is Endpoint.Picks when the scrape was sent: picks beyond it are requests
+	// the scrape's counts cannot include.
+	PicksAtScrape int64
+}
+
+// CapacityTokens is the KV cache's size in tokens, 0 when not reported.
+func (m *Metrics) CapacityTokens() int64 {
+	if m == nil || m.NumGPUBlocks <= 0 || m.BlockSize <= 0 {
+		return 0
+	}
+	return int64(m.NumGPUBlocks) * int64(m.BlockSize)
 }

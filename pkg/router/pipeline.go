@@ -33,6 +33,7 @@ type Pipeline struct {
 	picked    []PickObserver
 	responses []ResponseObserver
 	usages    []UsageObserver
+	firsts    []FirstByteObserver
 	dones     []DoneObserver
 	fallbacks int
 	scratch   sync.Pool
@@ -87,6 +88,9 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 		if x, ok := pl.(UsageObserver); ok {
 			p.usages = append(p.usages, x)
+		}
+		if x, ok := pl.(FirstByteObserver); ok {
+			p.firsts = append(p.firsts, x)
 		}
 		if x, ok := pl.(DoneObserver); ok {
 			p.dones = append(p.dones, x)
@@ -162,6 +166,7 @@ func (p *Pipeline) Schedule(ctx context.Context, req *Request) (Decision, error)
 		d.Fallbacks = rankOthers(eps, scores, i, p.fallbacks)
 	}
 	d.Endpoint.AddInFlight(1)
+	d.Endpoint.countPick()
 	for _, x := range p.picked {
 		x.Picked(req, d.Endpoint)
 	}
@@ -198,6 +203,18 @@ func (p *Pipeline) ResponseHeaders(req *Request, picked *Endpoint, servedAddr st
 	served := p.served(picked, servedAddr)
 	for _, x := range p.responses {
 		x.ResponseHeaders(req, served, status)
+	}
+}
+
+// FirstByte reports the first byte of the response body. servedAddr is as for ResponseHeaders.
+// The server calls it at most once per request.
+func (p *Pipeline) FirstByte(req *Request, picked *Endpoint, servedAddr string) {
+	if len(p.firsts) == 0 {
+		return
+	}
+	served := p.served(picked, servedAddr)
+	for _, x := range p.firsts {
+		x.FirstByte(req, served)
 	}
 }
 

@@ -60,6 +60,17 @@ type ResponseObserver interface {
 	ResponseHeaders(req *Request, served *Endpoint, status int)
 }
 
+// FirstByteObserver learns that the first byte of a successful response's body arrived. For a
+// streamed response (SSE) that is the first generated token: the server's prefill of the request
+// is over. For a non-streamed response it is the end of generation. Response headers mark
+// neither: vLLM and SGLang send a stream's headers when the request arrives, before it is
+// queued. Called at most once per request, after ResponseHeaders and before Done; served is nil
+// when the served address is not in the pool.
+type FirstByteObserver interface {
+	Plugin
+	FirstByte(req *Request, served *Endpoint)
+}
+
 // UsageObserver learns what the server that served the request reported about its prompt: the
 // usage object at the end of a 2xx response (a non-streamed body, or a stream whose client asked
 // for stream_options.include_usage), when the proxy sends the response body. It is called at most
