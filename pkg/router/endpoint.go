@@ -22,13 +22,14 @@ type Endpoint struct {
 	// picker replica.
 	Hash uint64
 
-	inflight  atomic.Int64
-	picks     atomic.Int64
-	prefill   atomic.Int64
-	prefillHd atomic.Int64
-	removed   atomic.Bool
-	unhealthy atomic.Bool
-	metrics   atomic.Pointer[Metrics]
+	inflight   atomic.Int64
+	picks      atomic.Int64
+	prefill    atomic.Int64
+	prefillHd  atomic.Int64
+	prefillExt atomic.Int64
+	removed    atomic.Bool
+	unhealthy  atomic.Bool
+	metrics    atomic.Pointer[Metrics]
 }
 
 // NewEndpoint returns a live endpoint.
@@ -46,8 +47,23 @@ func (e *Endpoint) AddInFlight(d int64) { e.inflight.Add(d) }
 // sent (Metrics.PicksAtScrape), so that plugins can tell the picks the scrape cannot reflect yet.
 func (e *Endpoint) Picks() int64 { return e.picks.Load() }
 
-// countPick is called by the pipeline once per request routed to the endpoint.
-func (e *Endpoint) countPick() { e.picks.Add(1) }
+// countPick is called by the pipeline once per request routed to the endpoint; it returns the
+// request's pick number there (1, 2, ...): the order in which the server will see them.
+func (e *Endpoint) countPick() int64 { return e.picks.Add(1) }
+
+// Load is the number of requests the endpoint is working on or queueing, as well as the picker
+// can tell at now: its own in-flight count (exact for one picker replica, from pick to stream
+// end), or, when fresh metrics say more (other replicas, clients that bypass the picker), the
+// server's running plus waiting requests plus the picks since that scrape was sent, which it
+// cannot include yet.
+func (e *Endpoint) Load(now time.Time) int64 {
+	own := e.inflight.Load()
+	m := e.FreshMetrics(now)
+	if m == nil || !m.HasQueue {
+		return own
+	}
+	return max(own, int64(m.Running+m.Waiting)+max(0, e.picks.Load()-m.PicksAtScrape))
+}
 
 // QueuedPrefill is the prompt work, in prefix blocks, routed to the endpoint that has not
 // produced a first response byte yet: the prefill queue the picker has built there.
@@ -65,6 +81,15 @@ func (e *Endpoint) PrefillHead() int64 { return e.prefillHd.Load() }
 
 // SetPrefillHead publishes the head of the endpoint's prefill queue.
 func (e *Endpoint) SetPrefillHead(n int64) { e.prefillHd.Store(n) }
+
+// ExternalPrefill is the prefill work, in prefix blocks, that the endpoint's last scrape shows
+// queued there beyond the picker's own requests (other picker replicas, direct clients): the
+// waiting requests the picker cannot account for, at the picker's mean work per request. The
+// prefill scorer maintains it; it is meaningful only while the endpoint's metrics are fresh.
+func (e *Endpoint) ExternalPrefill() int64 { return e.prefillExt.Load() }
+
+// SetExternalPrefill publishes ExternalPrefill.
+func (e *Endpoint) SetExternalPrefill(n int64) { e.prefillExt.Store(n) }
 
 // Removed reports whether the endpoint has left the pool.
 func (e *Endpoint) Removed() bool { return e.removed.Load() }

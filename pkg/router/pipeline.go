@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvpick/kvpick/pkg/openai"
 )
@@ -34,6 +35,7 @@ type Pipeline struct {
 	responses []ResponseObserver
 	usages    []UsageObserver
 	firsts    []FirstByteObserver
+	metrics   []MetricsObserver
 	dones     []DoneObserver
 	fallbacks int
 	scratch   sync.Pool
@@ -92,6 +94,9 @@ func New(cfg Config) (*Pipeline, error) {
 		if x, ok := pl.(FirstByteObserver); ok {
 			p.firsts = append(p.firsts, x)
 		}
+		if x, ok := pl.(MetricsObserver); ok {
+			p.metrics = append(p.metrics, x)
+		}
 		if x, ok := pl.(DoneObserver); ok {
 			p.dones = append(p.dones, x)
 		}
@@ -120,6 +125,9 @@ type Decision struct {
 // Schedule picks an endpoint for req and counts the request in flight there. Every successful
 // Schedule must be followed by exactly one Done.
 func (p *Pipeline) Schedule(ctx context.Context, req *Request) (Decision, error) {
+	if req.Now.IsZero() {
+		req.Now = time.Now()
+	}
 	for _, x := range p.preparers {
 		x.Prepare(ctx, req)
 	}
@@ -166,7 +174,7 @@ func (p *Pipeline) Schedule(ctx context.Context, req *Request) (Decision, error)
 		d.Fallbacks = rankOthers(eps, scores, i, p.fallbacks)
 	}
 	d.Endpoint.AddInFlight(1)
-	d.Endpoint.countPick()
+	req.PickSeq = d.Endpoint.countPick()
 	for _, x := range p.picked {
 		x.Picked(req, d.Endpoint)
 	}
@@ -247,6 +255,14 @@ func (p *Pipeline) Done(req *Request, picked *Endpoint) {
 	picked.AddInFlight(-1)
 	for _, x := range p.dones {
 		x.Done(req, picked)
+	}
+}
+
+// MetricsUpdated hands a new scrape of ep's metrics to the plugins that want it. The scraper
+// calls it after ep.SetMetrics(m).
+func (p *Pipeline) MetricsUpdated(ep *Endpoint, m *Metrics) {
+	for _, x := range p.metrics {
+		x.MetricsUpdated(ep, m)
 	}
 }
 

@@ -88,6 +88,14 @@ type DoneObserver interface {
 	Done(req *Request, picked *Endpoint)
 }
 
+// MetricsObserver learns each new scrape of an endpoint's model-server metrics, on the
+// scraper's goroutine, off the decision path: the place for work that a scrape triggers
+// (resizing an index, reconciling a queue estimate). It must not block for long.
+type MetricsObserver interface {
+	Plugin
+	MetricsUpdated(ep *Endpoint, m *Metrics)
+}
+
 // PoolListener learns about endpoints that joined or left the pool. Removed endpoints are
 // already marked removed; their slots are reused only after all listeners returned.
 type PoolListener interface {

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"time"
+
 	"github.com/kvpick/kvpick/pkg/openai"
 )
 
@@ -23,6 +25,12 @@ type Request struct {
 	// replica places the same new prompt on the same endpoint. The prefix plugin sets it to the
 	// hash of the prompt's first block.
 	AffinityKey uint64
+	// Now is when the decision started (set by Pipeline.Schedule if zero): plugins compare it
+	// with metrics' freshness instead of reading the clock each.
+	Now time.Time
+	// PickSeq is the request's pick number on the chosen endpoint (Endpoint.Picks after it was
+	// counted), set by Schedule: the order in which the endpoint's server sees the requests.
+	PickSeq int64
 
 	state []stateEntry
 }

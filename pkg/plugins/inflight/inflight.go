@@ -1,6 +1,8 @@
-// Package inflight scores endpoints by the requests the picker has in flight on them, counted
-// from pick to the end of the request's stream on every path (success, error, cancel). It needs
-// no model-server metrics, reacts within one request, and is exact for a single picker replica.
+// Package inflight scores endpoints by their request load (router.Endpoint.Load): the requests
+// the picker has in flight on them, counted from pick to the end of the request's stream on
+// every path (success, error, cancel) — exact for a single picker replica and reacting within
+// one request — or, when a fresh scrape of the server's metrics shows more running and waiting
+// requests (other replicas, direct clients), that.
 package inflight
 
 import (
@@ -24,13 +26,15 @@ var _ router.Scorer = (*Scorer)(nil)
 func (*Scorer) Name() string { return Name }
 
 // Score implements router.Scorer.
-func (*Scorer) Score(_ context.Context, _ *router.Request, eps []*router.Endpoint, scores []float64) {
+func (*Scorer) Score(_ context.Context, req *router.Request, eps []*router.Endpoint, scores []float64) {
 	var most int64
-	for _, e := range eps {
-		most = max(most, e.InFlight())
+	for i, e := range eps {
+		l := max(e.Load(req.Now), 0)
+		scores[i] = float64(l)
+		most = max(most, l)
 	}
 	d := float64(most + 1)
-	for i, e := range eps {
-		scores[i] = 1 - float64(max(e.InFlight(), 0))/d
+	for i := range eps {
+		scores[i] = 1 - scores[i]/d
 	}
 }

@@ -3,7 +3,9 @@
 // the least-loaded one, queueing there costs more than recomputing the prefix elsewhere. The
 // guard removes every endpoint whose in-flight load exceeds the least-loaded candidate's by
 // both an absolute and a relative margin, so that scoring can only choose among endpoints
-// whose load is comparable; if the best-cached endpoint is overloaded, load wins.
+// whose load is comparable; if the best-cached endpoint is overloaded, load wins. Load is
+// router.Endpoint.Load: the picker's in-flight count, or the server's scraped running and
+// waiting requests when a fresh scrape shows more.
 package loadguard
 
 import (
@@ -52,17 +54,17 @@ func New(p Params) (*Filter, error) {
 func (*Filter) Name() string { return Name }
 
 // Filter implements router.Filter. It never removes every endpoint: the least-loaded one stays.
-func (f *Filter) Filter(_ context.Context, _ *router.Request, eps []*router.Endpoint) []*router.Endpoint {
+func (f *Filter) Filter(_ context.Context, req *router.Request, eps []*router.Endpoint) []*router.Endpoint {
 	if len(eps) < 2 {
 		return eps
 	}
-	least := eps[0].InFlight()
+	least := eps[0].Load(req.Now)
 	for _, e := range eps[1:] {
-		least = min(least, e.InFlight())
+		least = min(least, e.Load(req.Now))
 	}
 	out := eps[:0]
 	for _, e := range eps {
-		if !f.Over(e.InFlight(), least) {
+		if !f.Over(e.Load(req.Now), least) {
 			out = append(out, e)
 		}
 	}

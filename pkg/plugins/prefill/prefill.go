@@ -1,19 +1,45 @@
 // Package prefill scores endpoints by the prefill work a request would wait for there: the
-// prompt blocks the picker has sent to the endpoint that have not produced a first byte yet
-// (its prefill queue), plus the blocks of this prompt the endpoint does not hold. That is the
-// picker's own estimate of time to first token, in one unit, so that cache affinity and load
-// are traded against each other the way a router that knew the servers' queues would trade
-// them: a long cached prefix is worth a longer queue, a short one is not.
+// prompt blocks routed to the endpoint whose prefill is not over yet (its prefill queue), plus
+// the blocks of this prompt the endpoint does not hold. That is the picker's estimate of time
+// to first token, in one unit, so that cache affinity and load are traded against each other
+// the way a router that knew the servers' queues would trade them: a long cached prefix is
+// worth a longer queue, a short one is not.
 //
-// The queue needs no model-server metrics: it is charged at pick with the request's predicted
-// uncached blocks and discharged when the response headers arrive (for streaming responses, the
-// first token: prefill is over) or the stream ends. The predicted matches come from the prefix
-// scorer, which must be listed before this one.
+// # The queue estimate
+//
+// Each routed request charges its endpoint with its predicted uncached blocks at pick. The
+// charge is paid back when the picker learns that the server's prefill of the request is over,
+// from whichever signal comes first:
+//
+//   - the first byte of a streamed response's body: the first token (vLLM and SGLang send a
+//     stream's headers when the request arrives, before any prefill, so headers prove nothing);
+//   - the response headers of a non-streamed request (they come at the end of generation) or of
+//     a failure;
+//   - the end of the request's stream, however it ended;
+//   - order: servers prefill in arrival order (vLLM's scheduler is first-come first-served, and
+//     a request waits until its first chunk is scheduled), so when a request's prefill is over,
+//     so is that of every request picked before it on the same endpoint;
+//   - the server's own queue: a fresh metrics scrape that reports W requests waiting, sent after
+//     the picker's k-th pick there, leaves at most the newest W+1 of those k requests unfinished
+//     (W waiting, one partly prefilled): the older ones are paid back at once. Requests picked
+//     after the scrape was sent are not touched. The scrape's waiting requests that are not the
+//     picker's own (other picker replicas, direct clients) are added to the endpoint's cost at
+//     the mean work per request, while the scrape is fresh: the signal that several replicas
+//     share.
+//
+// So the estimate holds for streamed, non-streamed and mixed traffic, needs no clock, and
+// degrades to the picker's own accounting when the servers export no metrics or the metrics
+// are stale. Without metrics and with non-streamed traffic only, a charge lasts until a later
+// request on the endpoint completes: the queue then also counts some decode time, alike on
+// every endpoint.
+//
+// The predicted matches come from the prefix scorer, which must be listed before this one.
 package prefill
 
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/kvpick/kvpick/pkg/prefix"
@@ -43,8 +69,10 @@ type Scorer struct {
 	p     Params
 	costs sync.Pool // *[]int64 scratch
 
-	mu     sync.Mutex
-	queues map[*router.Endpoint]*queue // outstanding charges per endpoint, in pick order
+	mu      sync.Mutex
+	queues  map[*router.Endpoint]*queue // outstanding charges per endpoint, in pick order
+	avgWork float64                     // mean charge per request (blocks), decayed
+	nWork   int                         // picks averaged so far, until the decay takes over
 }
 
 // queue is one endpoint's outstanding charges in pick order; discharged ones stay until they
@@ -55,21 +83,28 @@ type queue struct {
 }
 
 var (
-	_ router.Scorer           = (*Scorer)(nil)
-	_ router.PickObserver     = (*Scorer)(nil)
-	_ router.ResponseObserver = (*Scorer)(nil)
-	_ router.DoneObserver     = (*Scorer)(nil)
-	_ router.PoolListener     = (*Scorer)(nil)
+	_ router.Scorer            = (*Scorer)(nil)
+	_ router.PickObserver      = (*Scorer)(nil)
+	_ router.ResponseObserver  = (*Scorer)(nil)
+	_ router.FirstByteObserver = (*Scorer)(nil)
+	_ router.DoneObserver      = (*Scorer)(nil)
+	_ router.MetricsObserver   = (*Scorer)(nil)
+	_ router.PoolListener      = (*Scorer)(nil)
 )
 
 var stateKey = router.NewStateKey(Name)
 
 // charge is what one request added to an endpoint's prefill queue.
 type charge struct {
-	ep     *router.Endpoint
-	blocks int64
-	done   bool // discharged (under Scorer.mu)
+	ep       *router.Endpoint
+	blocks   int64
+	seq      int64 // the request's pick number on ep (router.Request.PickSeq)
+	streamed bool  // the client asked for a stream: its headers say nothing about prefill
+	done     bool  // discharged (under Scorer.mu)
 }
+
+// avgWorkDecay weighs the mean work per request over the last ~1,000 picks.
+const avgWorkDecay = 1.0 / 1024
 
 // New returns the scorer.
 func New(p Params) (*Scorer, error) {
@@ -105,11 +140,7 @@ func (s *Scorer) Score(_ context.Context, req *router.Request, eps []*router.End
 	least := int64(-1)
 	m := prefix.MatchesOf(req)
 	for _, e := range eps {
-		queued := max(e.QueuedPrefill(), 0)
-		if !m.Pending(e) {
-			queued = max(queued-e.PrefillHead()/2, 0)
-		}
-		c := queued + s.work(m, e)
+		c := s.queued(e, m, req) + s.work(m, e)
 		costs = append(costs, c)
 		if least < 0 || c < least {
 			least = c
@@ -122,12 +153,27 @@ func (s *Scorer) Score(_ context.Context, req *router.Request, eps []*router.End
 	s.costs.Put(cp)
 }
 
+// queued is the prefill work a request would wait for on e, in blocks.
+func (s *Scorer) queued(e *router.Endpoint, m prefix.Matches, req *router.Request) int64 {
+	q := max(e.QueuedPrefill(), 0)
+	if !m.Pending(e) {
+		q = max(q-e.PrefillHead()/2, 0)
+	}
+	if e.FreshMetrics(req.Now) != nil {
+		q += max(e.ExternalPrefill(), 0)
+	}
+	return q
+}
+
 // Picked charges the endpoint with the request's predicted uncached blocks.
 func (s *Scorer) Picked(req *router.Request, ep *router.Endpoint) {
 	n := s.work(prefix.MatchesOf(req), ep)
-	c := &charge{ep: ep, blocks: n}
+	c := &charge{ep: ep, blocks: n, seq: req.PickSeq, streamed: req.Body != nil && req.Body.Stream}
 	ep.AddQueuedPrefill(n)
 	s.mu.Lock()
+	// A plain mean over the first picks, then a decayed one.
+	s.nWork = min(s.nWork+1, 1/avgWorkDecay)
+	s.avgWork += (float64(n) - s.avgWork) / float64(s.nWork)
 	q := s.queues[ep]
 	if q == nil {
 		q = &queue{}
@@ -141,11 +187,62 @@ func (s *Scorer) Picked(req *router.Request, ep *router.Endpoint) {
 	req.Set(stateKey, c)
 }
 
-// ResponseHeaders discharges the request: its prefill is over, or it failed.
-func (s *Scorer) ResponseHeaders(req *router.Request, _ *router.Endpoint, _ int) { s.discharge(req) }
+// ResponseHeaders discharges a failed request, and a successful one that does not stream: its
+// headers come with the whole answer, so its prefill (and that of every request picked before
+// it there) is over. A stream's headers come when the request reaches the server: it stays
+// charged until its first byte.
+func (s *Scorer) ResponseHeaders(req *router.Request, _ *router.Endpoint, status int) {
+	c, _ := req.Get(stateKey).(*charge)
+	if c == nil {
+		return
+	}
+	switch {
+	case status < 200 || status > 299:
+		s.discharge(req, false)
+	case !c.streamed:
+		s.discharge(req, true)
+	}
+}
 
-// Done discharges a request whose stream ended before its response.
-func (s *Scorer) Done(req *router.Request, _ *router.Endpoint) { s.discharge(req) }
+// FirstByte discharges the request and every request picked before it on the same endpoint:
+// the first token is out, so the server's prefill of all of them is over.
+func (s *Scorer) FirstByte(req *router.Request, _ *router.Endpoint) { s.discharge(req, true) }
+
+// Done discharges a request whose stream ended before its first byte.
+func (s *Scorer) Done(req *router.Request, _ *router.Endpoint) { s.discharge(req, false) }
+
+// MetricsUpdated reconciles the endpoint's queue with a fresh scrape (see the package doc).
+func (s *Scorer) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) {
+	if m == nil || !m.HasQueue {
+		ep.SetExternalPrefill(0)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	waiting := int64(max(m.Waiting, 0))
+	var seen int64 // own outstanding requests the scrape could see
+	if q := s.queues[ep]; q != nil {
+		for _, c := range q.charges[q.start:] {
+			if !c.done && c.seq <= m.PicksAtScrape {
+				seen++
+			}
+		}
+		// All but the newest waiting+1 of them have been prefilled.
+		if over := seen - (waiting + 1); over > 0 {
+			for _, c := range q.charges[q.start:] {
+				if over == 0 {
+					break
+				}
+				if !c.done && c.seq <= m.PicksAtScrape {
+					s.payLocked(c)
+					over--
+				}
+			}
+			s.advanceLocked(ep, q)
+		}
+	}
+	ep.SetExternalPrefill(int64(math.Round(float64(max(waiting-seen, 0)) * s.avgWork)))
+}
 
 // QueuedEndpoints is the number of endpoints whose queue the scorer keeps (for tests).
 func (s *Scorer) QueuedEndpoints() int {
@@ -166,16 +263,39 @@ func (s *Scorer) EndpointsChanged(_, removed []*router.Endpoint) {
 	}
 }
 
-func (s *Scorer) discharge(req *router.Request) {
+// discharge pays back the request's charge; older, when the request's prefill is known to be
+// over, also pays back every charge picked before it on the endpoint (servers prefill in order).
+func (s *Scorer) discharge(req *router.Request, older bool) {
 	c, _ := req.Get(stateKey).(*charge)
 	if c == nil {
 		return
 	}
 	req.Set(stateKey, nil)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queues[c.ep]
+	if older {
+		for _, o := range q.charges[q.start:] {
+			if o.seq < c.seq {
+				s.payLocked(o)
+			}
+		}
+	}
+	s.payLocked(c)
+	s.advanceLocked(c.ep, q)
+}
+
+// payLocked discharges one charge (once).
+func (s *Scorer) payLocked(c *charge) {
+	if c.done {
+		return
+	}
 	c.done = true
 	c.ep.AddQueuedPrefill(-c.blocks)
-	q := s.queues[c.ep]
+}
+
+// advanceLocked drops discharged charges from the queue's front and publishes the new head.
+func (s *Scorer) advanceLocked(ep *router.Endpoint, q *queue) {
 	for q.start < len(q.charges) && q.charges[q.start].done {
 		q.charges[q.start] = nil
 		q.start++
@@ -183,16 +303,15 @@ func (s *Scorer) discharge(req *router.Request) {
 	switch {
 	case q.start == len(q.charges):
 		q.charges, q.start = q.charges[:0], 0 // kept for the next request: no allocation per pick
-		if c.ep.Removed() {
-			delete(s.queues, c.ep) // nothing kept for an endpoint that left the pool
+		if ep.Removed() {
+			delete(s.queues, ep) // nothing kept for an endpoint that left the pool
 		}
-		c.ep.SetPrefillHead(0)
+		ep.SetPrefillHead(0)
 	default:
 		if q.start > len(q.charges)/2 { // reuse the front half of the slice
 			q.charges = q.charges[:copy(q.charges, q.charges[q.start:])]
 			q.start = 0
 		}
-		c.ep.SetPrefillHead(q.charges[q.start].blocks)
+		ep.SetPrefillHead(q.charges[q.start].blocks)
 	}
-	s.mu.Unlock()
 }

@@ -2,6 +2,7 @@ package prefill_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -66,26 +67,195 @@ func TestAQueueOutweighsACachedPrefix(t *testing.T) {
 	eps[0].AddQueuedPrefill(-500)
 }
 
-func TestChargeIsPaidBackExactlyOnce(t *testing.T) {
-	for _, withResponse := range []bool{true, false} {
-		px, pf, eps, _ := setup(t)
-		req := request(t, strings.Repeat("a brand new prompt. ", 60))
-		score(px, pf, req, eps)
-		pf.Picked(req, eps[1])
-		charged := eps[1].QueuedPrefill()
-		if charged < 10 {
-			t.Fatalf("a cold ~19-block prompt charged %d blocks", charged)
-		}
-		if withResponse {
-			pf.ResponseHeaders(req, eps[1], 200)
-			if q := eps[1].QueuedPrefill(); q != 0 {
-				t.Fatalf("after the response the queue is %d", q)
+// picker numbers picks per endpoint the way router.Pipeline does (Request.PickSeq).
+type picker struct{ seq map[*router.Endpoint]int64 }
+
+func (p *picker) pick(pf *prefill.Scorer, req *router.Request, ep *router.Endpoint) {
+	if p.seq == nil {
+		p.seq = map[*router.Endpoint]int64{}
+	}
+	p.seq[ep]++
+	req.PickSeq = p.seq[ep]
+	pf.Picked(req, ep)
+}
+
+func streamed(t *testing.T, content string, stream bool) *router.Request {
+	t.Helper()
+	body := fmt.Appendf(nil, `{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, content)
+	var b openai.Request
+	if err := openai.Parse(openai.APIChatCompletions, body, &b); err != nil {
+		t.Fatal(err)
+	}
+	return &router.Request{API: openai.APIChatCompletions, Body: &b, Model: b.Model}
+}
+
+// TestChargeIsPaidBackWhenThePrefillIsKnownOver: a stream's headers come when the request
+// reaches the server (vLLM, SGLang), before its prefill: they must not pay the charge back; its
+// first body byte (the first token) does. A non-streamed response's headers come at the end,
+// and a failure's at once: they do. Whatever happened before, the stream's end pays back what
+// is left, and nothing is paid back twice.
+func TestChargeIsPaidBackWhenThePrefillIsKnownOver(t *testing.T) {
+	type step struct {
+		event      string // headers-200, headers-500, first-byte, done
+		wantQueued bool   // the charge is still on the endpoint after the event
+	}
+	cases := []struct {
+		name   string
+		stream bool
+		steps  []step
+	}{
+		{"stream: headers at arrival keep it, the first token pays", true,
+			[]step{{"headers-200", true}, {"first-byte", false}, {"done", false}}},
+		{"stream cancelled before its first token: the end pays", true,
+			[]step{{"headers-200", true}, {"done", false}}},
+		{"stream that fails: the error status pays", true,
+			[]step{{"headers-500", false}, {"done", false}}},
+		{"non-streamed: the headers come at the end and pay", false,
+			[]step{{"headers-200", false}, {"first-byte", false}, {"done", false}}},
+		{"non-streamed cancelled before any answer: the end pays", false,
+			[]step{{"done", false}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			px, pf, eps, _ := setup(t)
+			req := streamed(t, strings.Repeat("a brand new prompt. ", 60), tc.stream)
+			score(px, pf, req, eps)
+			var pk picker
+			pk.pick(pf, req, eps[1])
+			charged := eps[1].QueuedPrefill()
+			if charged < 10 {
+				t.Fatalf("a cold ~19-block prompt charged %d blocks", charged)
 			}
-		}
-		pf.Done(req, eps[1])
-		if q := eps[1].QueuedPrefill(); q != 0 {
-			t.Fatalf("withResponse=%v: after the stream ended the queue is %d", withResponse, q)
-		}
+			for _, st := range tc.steps {
+				switch st.event {
+				case "headers-200":
+					pf.ResponseHeaders(req, eps[1], 200)
+				case "headers-500":
+					pf.ResponseHeaders(req, eps[1], 500)
+				case "first-byte":
+					pf.FirstByte(req, eps[1])
+				case "done":
+					pf.Done(req, eps[1])
+				}
+				want := int64(0)
+				if st.wantQueued {
+					want = charged
+				}
+				if q := eps[1].QueuedPrefill(); q != want {
+					t.Fatalf("after %s the queue is %d, want %d", st.event, q, want)
+				}
+			}
+		})
+	}
+}
+
+// TestAFirstTokenProvesEveryEarlierPrefillOver: servers prefill in arrival order, so the first
+// token of a request pays back every request picked before it on that endpoint, and nothing
+// picked after it or elsewhere.
+func TestAFirstTokenProvesEveryEarlierPrefillOver(t *testing.T) {
+	_, pf, eps, _ := setup(t)
+	var pk picker
+	var on0 []*router.Request
+	for range 4 {
+		r := &router.Request{API: openai.APIOther} // 2 blocks each
+		pk.pick(pf, r, eps[0])
+		on0 = append(on0, r)
+	}
+	other := &router.Request{API: openai.APIOther}
+	pk.pick(pf, other, eps[1])
+
+	pf.FirstByte(on0[2], eps[0]) // the third request's first token
+	if q := eps[0].QueuedPrefill(); q != 2 {
+		t.Fatalf("queue %d on endpoint 0, want 2 (only the fourth request, picked after it)", q)
+	}
+	if h := eps[0].PrefillHead(); h != 2 {
+		t.Fatalf("head %d, want the fourth request's 2 blocks", h)
+	}
+	if q := eps[1].QueuedPrefill(); q != 2 {
+		t.Fatalf("queue %d on endpoint 1, want its own request's 2 blocks untouched", q)
+	}
+	for _, r := range on0 {
+		pf.Done(r, eps[0])
+	}
+	pf.Done(other, eps[1])
+	if q0, q1 := eps[0].QueuedPrefill(), eps[1].QueuedPrefill(); q0 != 0 || q1 != 0 {
+		t.Fatalf("queues %d, %d after every stream ended: a charge was paid twice or never", q0, q1)
+	}
+}
+
+// TestAScrapeSettlesTheQueue: a scrape sent after the picker's k-th pick that reports W waiting
+// leaves at most the newest W+1 of those k requests charged; requests picked after the scrape
+// was sent keep their charge; waiting requests that are not the picker's count as external work
+// while the scrape is fresh.
+func TestAScrapeSettlesTheQueue(t *testing.T) {
+	cases := []struct {
+		name         string
+		picks        int   // requests picked on the endpoint, 2 blocks each
+		picksAtSend  int64 // PicksAtScrape
+		waiting      int
+		wantQueued   int64
+		wantExternal bool
+	}{
+		{"nothing waiting: all but one partly prefilled request are done", 6, 6, 0, 2, false},
+		{"two waiting: three stay charged", 6, 6, 2, 6, false},
+		{"more waiting than the picker sent: all stay, the rest is external", 3, 3, 10, 6, true},
+		{"picks after the scrape was sent are untouched", 6, 2, 0, 2 + 4*2, false},
+		{"a scrape sent before any pick changes nothing", 4, 0, 0, 8, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, pf, eps, _ := setup(t)
+			ep := eps[0]
+			var pk picker
+			var reqs []*router.Request
+			for range tc.picks {
+				r := &router.Request{API: openai.APIOther}
+				pk.pick(pf, r, ep)
+				reqs = append(reqs, r)
+			}
+			now := time.Now()
+			m := &router.Metrics{Waiting: tc.waiting, HasQueue: true, PicksAtScrape: tc.picksAtSend,
+				ScrapedAt: now, StaleAt: now.Add(time.Hour)}
+			ep.SetMetrics(m)
+			pf.MetricsUpdated(ep, m)
+			if q := ep.QueuedPrefill(); q != tc.wantQueued {
+				t.Fatalf("queue %d after the scrape, want %d", q, tc.wantQueued)
+			}
+			if ext := ep.ExternalPrefill(); (ext > 0) != tc.wantExternal {
+				t.Fatalf("external prefill %d, want >0: %v", ext, tc.wantExternal)
+			}
+			for _, r := range reqs {
+				pf.Done(r, ep)
+			}
+			if q := ep.QueuedPrefill(); q != 0 {
+				t.Fatalf("queue %d after every stream ended", q)
+			}
+		})
+	}
+}
+
+// TestExternalWorkCountsOnlyWhileFresh: other replicas' waiting requests make an endpoint look
+// busier while the scrape that showed them is fresh, and stop counting when it goes stale.
+func TestExternalWorkCountsOnlyWhileFresh(t *testing.T) {
+	_, pf, eps, _ := setup(t)
+	var pk picker
+	warm := &router.Request{API: openai.APIOther}
+	pk.pick(pf, warm, eps[1]) // teaches the mean work per request
+	pf.Done(warm, eps[1])
+	now := time.Now()
+	busy := &router.Metrics{Waiting: 50, HasQueue: true, ScrapedAt: now, StaleAt: now.Add(time.Hour)}
+	eps[0].SetMetrics(busy)
+	pf.MetricsUpdated(eps[0], busy)
+	req := &router.Request{API: openai.APIOther, Now: now}
+	s := make([]float64, 2)
+	pf.Score(context.Background(), req, eps, s)
+	if s[0] >= s[1] {
+		t.Fatalf("scores %v: 50 requests waiting there from elsewhere must make endpoint 0 costlier", s)
+	}
+	req.Now = now.Add(2 * time.Hour) // the scrape is stale by then
+	pf.Score(context.Background(), req, eps, s)
+	if s[0] != s[1] {
+		t.Fatalf("scores %v: a stale scrape must not count", s)
 	}
 }
 
@@ -184,14 +354,15 @@ func TestHalfOfTheHeadCountsAsDone(t *testing.T) {
 	if !m.Pending(eps2[0]) || m.Pending(eps2[1]) {
 		t.Fatalf("pending: %v %v, want the match on endpoint 0 to rest on the pending record", m.Pending(eps2[0]), m.Pending(eps2[1]))
 	}
-	queued, own0 := eps2[0].QueuedPrefill(), int64(m.Total-m.Blocks(eps2[0])+2)
-	own1 := int64(m.Total - m.Blocks(eps2[1]) + 2)
-	// Costs without discount: queued+own0 on 0, own1 on 1; the scores must say exactly that.
-	c0, c1 := queued+own0, own1
-	least := min(c0, c1)
-	want0 := max(0, 1-float64(c0-least)/float64(least+1))
-	if diff := s2[0] - want0; diff > 1e-9 || diff < -1e-9 {
-		t.Fatalf("score on the pending holder %.4f, want %.4f (whole head counted: queue %d, own %d, other %d)", s2[0], want0, queued, own0, own1)
+	// Against the same queue with the match committed (setup's doc), the pending holder must
+	// look costlier: it waits for the whole head, not half of it.
+	px3, pf3, eps3, doc3 := setup(t)
+	other := request(t, strings.Repeat("a prompt nobody has seen. ", 160))
+	score(px3, pf3, other, eps3)
+	pf3.Picked(other, eps3[0])
+	s3 := score(px3, pf3, request(t, doc3+" and a question"), eps3)
+	if !(s2[0] < s3[0]) {
+		t.Fatalf("holder scores %.3f (pending match) vs %.3f (committed match): the pending one must count the whole head", s2[0], s3[0])
 	}
 }
 
