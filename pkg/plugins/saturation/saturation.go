@@ -1,6 +1,15 @@
-// Package saturation sheds load: it removes endpoints that already carry their configured
-// maximum of in-flight requests. When no endpoint is left the request is answered 429 at once,
-// so that clients back off instead of piling more work onto queues that are already full.
+// Package saturation keeps requests away from model servers that cannot take more, and sheds
+// load when none can. An endpoint is saturated when the picker already has its configured
+// maximum of requests in flight there, or when a fresh scrape of its metrics shows a waiting
+// queue of maxWaitingRequests or more: it gets no new request until a scrape shows the queue
+// shorter (within one scrape interval of the server saying so). When every eligible endpoint is
+// saturated the request is answered 429 at once, so that clients back off instead of piling
+// more work onto queues that are already full.
+//
+// An endpoint whose KV cache is nearly full (maxKVCacheUsage) while requests wait there is
+// avoided too, but softly: a full cache with a queue is a server at its memory limit, which is
+// normal under load, so such endpoints are skipped only while another endpoint is free of both
+// conditions, and never cause a 429 by themselves.
 package saturation
 
 import (
@@ -17,12 +26,23 @@ const Name = "saturation-filter"
 type Params struct {
 	// MaxInFlightPerEndpoint is the most requests one endpoint may have in flight; 0 disables.
 	MaxInFlightPerEndpoint int `json:"maxInFlightPerEndpoint"`
+	// MaxWaitingRequests is the scraped waiting queue (vllm:num_requests_waiting,
+	// sglang:num_queue_reqs) from which an endpoint takes no new request; 0 disables.
+	MaxWaitingRequests int `json:"maxWaitingRequests"`
+	// MaxKVCacheUsage is the scraped KV-cache usage (0..1) from which an endpoint with a
+	// waiting queue is avoided while others are not; 0 disables.
+	MaxKVCacheUsage float64 `json:"maxKVCacheUsage"`
 }
 
 // Validate names the first bad field.
 func (p Params) Validate() error {
-	if p.MaxInFlightPerEndpoint < 0 {
+	switch {
+	case p.MaxInFlightPerEndpoint < 0:
 		return fmt.Errorf("maxInFlightPerEndpoint %d: must not be negative", p.MaxInFlightPerEndpoint)
+	case p.MaxWaitingRequests < 0:
+		return fmt.Errorf("maxWaitingRequests %d: must not be negative", p.MaxWaitingRequests)
+	case p.MaxKVCacheUsage < 0 || p.MaxKVCacheUsage > 1:
+		return fmt.Errorf("maxKVCacheUsage %v: want 0..1 (0 disables)", p.MaxKVCacheUsage)
 	}
 	return nil
 }
@@ -46,16 +66,40 @@ func (*Filter) Name() string { return Name }
 // Sheds implements router.Shedder: an empty result means overload, not misconfiguration.
 func (*Filter) Sheds() bool { return true }
 
-// Filter implements router.Filter.
-func (f *Filter) Filter(_ context.Context, _ *router.Request, eps []*router.Endpoint) []*router.Endpoint {
-	if f.p.MaxInFlightPerEndpoint == 0 {
+// Filter implements router.Filter: saturated endpoints out; endpoints with a full cache and a
+// queue out too unless only such endpoints are left.
+func (f *Filter) Filter(_ context.Context, req *router.Request, eps []*router.Endpoint) []*router.Endpoint {
+	if f.p.MaxInFlightPerEndpoint == 0 && f.p.MaxWaitingRequests == 0 && f.p.MaxKVCacheUsage == 0 {
 		return eps
 	}
 	out := eps[:0]
+	full := 0 // endpoints kept that have a full cache and a queue, at the front of out
 	for _, e := range eps {
-		if e.InFlight() < int64(f.p.MaxInFlightPerEndpoint) {
-			out = append(out, e)
+		m := e.FreshMetrics(req.Now)
+		if f.saturated(e, m) {
+			continue
+		}
+		out = append(out, e)
+		if f.memoryBound(m) {
+			// Keep the full ones at the front, so that dropping them is one reslice.
+			out[full], out[len(out)-1] = out[len(out)-1], out[full]
+			full++
 		}
 	}
+	if full > 0 && full < len(out) {
+		return out[full:]
+	}
 	return out
+}
+
+func (f *Filter) saturated(e *router.Endpoint, m *router.Metrics) bool {
+	if f.p.MaxInFlightPerEndpoint > 0 && e.InFlight() >= int64(f.p.MaxInFlightPerEndpoint) {
+		return true
+	}
+	return f.p.MaxWaitingRequests > 0 && m != nil && m.HasQueue && m.Waiting >= f.p.MaxWaitingRequests
+}
+
+func (f *Filter) memoryBound(m *router.Metrics) bool {
+	return f.p.MaxKVCacheUsage > 0 && m != nil && m.HasKVUsage && m.HasQueue &&
+		m.KVUsage >= f.p.MaxKVCacheUsage && m.Waiting > 0
 }
