@@ -112,38 +112,61 @@ func (x *Index) lru(slot int) *endpointLRU {
 }
 
 // SetCapacity bounds one endpoint's LRU, for servers that report their real KV capacity.
-// Entries over the new bound are evicted at once, oldest first.
+// Entries over the new bound are evicted at once, oldest first, removeChunk per hold of the
+// write lock.
 func (x *Index) SetCapacity(slot, capacity int) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.resizeLocked(x.lru(slot), capacity)
-}
-
-// SetCapacityAll bounds every endpoint's LRU, and those of endpoints to come, to capacity
-// blocks, evicting the oldest entries over the new bound (one endpoint per hold of the lock).
-func (x *Index) SetCapacityAll(capacity int) {
-	x.mu.Lock()
-	x.capacity = max(capacity, 1)
-	n := len(x.eps)
-	x.mu.Unlock()
-	for slot := range n {
+	capacity = max(capacity, 1)
+	for {
 		x.mu.Lock()
-		if slot < len(x.eps) && x.eps[slot] != nil {
-			x.resizeLocked(x.eps[slot], capacity)
+		l := x.lru(slot)
+		l.capacity = capacity
+		for i := 0; i < removeChunk && l.n > l.capacity; i++ {
+			x.evict(l)
+		}
+		if l.n <= l.capacity {
+			l.byHash.limit = slotsFor(l.capacity)
+			if len(l.byHash.slots) > l.byHash.limit {
+				l.byHash.resize(l.byHash.limit)
+			}
+			x.mu.Unlock()
+			return
 		}
 		x.mu.Unlock()
 	}
 }
 
-func (x *Index) resizeLocked(l *endpointLRU, capacity int) {
-	l.capacity = max(capacity, 1)
-	for l.n > l.capacity {
-		x.evict(l)
+// SetDefaultCapacity sets the capacity of endpoints that get their first entry from now on.
+func (x *Index) SetDefaultCapacity(capacity int) {
+	x.mu.Lock()
+	x.capacity = max(capacity, 1)
+	x.mu.Unlock()
+}
+
+// SetCapacityAll bounds every endpoint's LRU, and those of endpoints to come, to capacity
+// blocks, evicting the oldest entries over the new bound.
+func (x *Index) SetCapacityAll(capacity int) {
+	x.SetDefaultCapacity(capacity)
+	x.mu.RLock()
+	n := len(x.eps)
+	x.mu.RUnlock()
+	for slot := range n {
+		x.mu.RLock()
+		has := slot < len(x.eps) && x.eps[slot] != nil
+		x.mu.RUnlock()
+		if has {
+			x.SetCapacity(slot, capacity)
+		}
 	}
-	l.byHash.limit = slotsFor(l.capacity)
-	if len(l.byHash.slots) > l.byHash.limit {
-		l.byHash.resize(l.byHash.limit)
+}
+
+// CapacityOf returns endpoint slot's capacity (the default for one with no entries yet).
+func (x *Index) CapacityOf(slot int) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot < len(x.eps) && x.eps[slot] != nil {
+		return x.eps[slot].capacity
 	}
+	return x.capacity
 }
 
 // Capacity returns the capacity new endpoints get.
@@ -278,33 +301,56 @@ func (x *Index) drop(l *endpointLRU, ni uint32) {
 	x.release(ni)
 }
 
-// RemoveEndpoint forgets everything the endpoint in slot holds and gives its memory back.
+// RemoveEndpoint forgets everything the endpoint in slot holds and gives its memory back. It
+// takes the write lock removeChunk entries at a time, so that a rolling restart's removals do
+// not stall the decisions queued behind them; while it runs, the removed endpoint's remaining
+// entries may still be credited to its slot, which no live endpoint owns until the pool's
+// listeners have returned.
 func (x *Index) RemoveEndpoint(slot int) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if slot >= len(x.eps) || x.eps[slot] == nil {
-		return
+	for {
+		x.mu.Lock()
+		if slot >= len(x.eps) || x.eps[slot] == nil {
+			x.mu.Unlock()
+			return
+		}
+		l := x.eps[slot]
+		for i := 0; i < removeChunk && l.tail != 0; i++ {
+			x.drop(l, l.tail)
+		}
+		if l.tail == 0 {
+			x.eps[slot] = nil
+			x.mu.Unlock()
+			x.Compact()
+			return
+		}
+		x.mu.Unlock()
 	}
-	l := x.eps[slot]
-	for l.tail != 0 {
-		x.drop(l, l.tail)
-	}
-	x.eps[slot] = nil
-	x.compact()
 }
 
-// compact moves live nodes out of the slab's last pages into free nodes further down and
-// drops the emptied pages, so that removing endpoints returns memory instead of leaving a free
-// list the size of the largest pool ever seen.
-func (x *Index) compact() {
+// removeChunk is how many entries removal, trimming or compaction handles per hold of the write
+// lock: ~100 µs of work, a fraction of one decision's budget.
+const removeChunk = 4096
+
+// Compact moves live nodes out of the slab's last pages into free nodes further down and drops
+// the emptied pages, so that removing endpoints returns memory instead of leaving a free list
+// the size of the largest pool ever seen. It does nothing until at least a quarter of the slab
+// (and more than a page) is free: freed nodes are reused by later inserts first, so a rolling
+// restart, whose new pods fill the nodes the old ones left, never pays for it. When it runs it
+// holds the write lock for one pass over the free list and one move per live node above the
+// pages it keeps.
+func (x *Index) Compact() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	hw := x.highWater()
 	live := int(hw) - 1 - x.nfree
 	keepPages := (live+1)/pageSize + 1 // pages needed for the live nodes and the nil node
-	if keepPages >= len(x.pages) {
+	if keepPages >= len(x.pages) || x.nfree <= pageSize || x.nfree*4 < int(hw) {
 		return
 	}
 	limit := uint32(keepPages * pageSize)
-	// Split the free list: low nodes stay usable, high nodes vanish with their pages.
+	// Split the free list: low nodes stay usable (and receive the moved nodes), high nodes
+	// vanish with their pages. Every free node is on the list, so what is left of the low part
+	// after the moves is exactly the free space below the limit.
 	var low uint32
 	nlow := 0
 	for i := x.free; i != 0; {
@@ -316,21 +362,21 @@ func (x *Index) compact() {
 		}
 		i = next
 	}
-	x.free, x.nfree = low, nlow
 	for i := limit; i < hw; i++ {
-		n := x.node(i)
-		if n.ep == freeEP {
+		if x.node(i).ep == freeEP {
 			continue
 		}
-		dst := x.free
-		x.free = x.node(dst).next
-		x.nfree--
+		dst := low
+		low = x.node(dst).next
+		nlow--
 		x.move(i, dst)
 	}
+	x.free, x.nfree = low, nlow
+	for p := keepPages; p < len(x.pages); p++ {
+		x.pages[p] = nil
+	}
 	x.pages = x.pages[:keepPages]
-	// Nodes between the last live one and limit are free already; make them never-used again.
 	x.setHighWater(limit)
-	x.rebuildFreeBelow(limit)
 }
 
 // move relocates live node src to free node dst, fixing every reference to it.
@@ -361,17 +407,55 @@ func (x *Index) move(src, dst uint32) {
 	*x.node(src) = node{ep: freeEP}
 }
 
-// rebuildFreeBelow recounts the free list after compaction (free nodes below the high-water mark).
-func (x *Index) rebuildFreeBelow(hw uint32) {
-	x.free, x.nfree = 0, 0
-	for i := hw - 1; i >= 1; i-- {
-		n := x.node(i)
-		if n.ep == freeEP {
-			n.next = x.free
-			x.free = i
-			x.nfree++
+// Stamp returns the commit count at which endpoint slot last used block h, and whether it
+// holds it: how recent that block is in the endpoint's LRU.
+func (x *Index) Stamp(slot int, h uint64) (uint32, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot >= len(x.eps) || x.eps[slot] == nil {
+		return 0, false
+	}
+	ni, ok := x.eps[slot].byHash.get(h)
+	if !ok {
+		return 0, false
+	}
+	return x.node(ni).stamp, true
+}
+
+// TrimOlder evicts every entry of endpoint slot last used at or before commit stamp: when the
+// server shows that it no longer holds a block the index had at that age, it holds nothing
+// older either (both evict least recently used first). It returns the entries evicted and
+// kept. Stamps compare modulo 2^32, so a stamp from the last two billion commits is read right.
+func (x *Index) TrimOlder(slot int, stamp uint32) (evicted, kept int) {
+	for {
+		x.mu.Lock()
+		if slot >= len(x.eps) || x.eps[slot] == nil {
+			x.mu.Unlock()
+			return evicted, 0
+		}
+		l := x.eps[slot]
+		i := 0
+		for ; i < removeChunk && l.tail != 0 && int32(x.node(l.tail).stamp-stamp) <= 0; i++ {
+			x.evict(l)
+			evicted++
+		}
+		more := i == removeChunk
+		kept = l.n
+		x.mu.Unlock()
+		if !more {
+			return evicted, kept
 		}
 	}
+}
+
+// Len returns how many entries endpoint slot holds.
+func (x *Index) Len(slot int) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot >= len(x.eps) || x.eps[slot] == nil {
+		return 0
+	}
+	return x.eps[slot].n
 }
 
 // Match writes into lens[slot], for every endpoint slot that holds the first block, the number

@@ -100,6 +100,57 @@ func TestIndexReinsertRefreshesRecency(t *testing.T) {
 	}
 }
 
+// TestIndexRollingRestartReusesMemory: removing one endpoint of eight and filling its successor
+// reuses the freed nodes: no compaction (which moves nodes under the write lock) and no growth.
+func TestIndexRollingRestartReusesMemory(t *testing.T) {
+	x := NewIndex(100_000)
+	for slot := range 8 {
+		for r := range 20 {
+			x.Insert(slot, chain(uint64(slot*1000+r), 200))
+		}
+	}
+	pages := len(x.pages)
+	for round := range 8 {
+		x.RemoveEndpoint(round)
+		if len(x.pages) != pages {
+			t.Fatalf("round %d: removing one endpoint of eight changed the slab from %d to %d pages", round, pages, len(x.pages))
+		}
+		for r := range 20 {
+			x.Insert(round, chain(uint64(round*1000+500+r), 200))
+		}
+		if len(x.pages) != pages {
+			t.Fatalf("round %d: the successor grew the slab from %d to %d pages instead of reusing nodes", round, pages, len(x.pages))
+		}
+	}
+}
+
+// TestIndexTrimOlder: trimming at a stamp evicts exactly the entries last used at or before it.
+func TestIndexTrimOlder(t *testing.T) {
+	x := NewIndex(1000)
+	old, mid, recent := chain(1, 30), chain(2, 20), chain(3, 10)
+	x.Insert(0, old)
+	x.Insert(0, mid)
+	x.Insert(0, recent)
+	x.Insert(1, old)
+	s, ok := x.Stamp(0, mid[5])
+	if !ok {
+		t.Fatal("stamp of a held block not found")
+	}
+	if _, ok := x.Stamp(0, chain(9, 1)[0]); ok {
+		t.Fatal("stamp found for a block the endpoint does not hold")
+	}
+	evicted, kept := x.TrimOlder(0, s)
+	if evicted != 50 || kept != 10 {
+		t.Fatalf("evicted %d, kept %d; want 50 (old and mid), 10 (recent)", evicted, kept)
+	}
+	if got := match(x, old, 2); got[0] != 0 || got[1] != 30 {
+		t.Fatalf("old prompt matches %v: endpoint 0 must have lost it, endpoint 1 kept it", got)
+	}
+	if got := match(x, recent, 2)[0]; got != 10 {
+		t.Fatalf("recent prompt matches %d, want 10", got)
+	}
+}
+
 func TestIndexRemoveEndpointFreesEverything(t *testing.T) {
 	x := NewIndex(100_000)
 	for slot := range 8 {

@@ -1,7 +1,6 @@
 package prefix
 
 import (
-	"slices"
 	"sync"
 	"time"
 
@@ -15,9 +14,24 @@ import (
 //
 // Records are grouped by the hash of their first block: only records that share it can match,
 // and a match is a binary search over two hash chains (equal at i implies equal before i).
+// The work of one match is bounded: a group keeps at most pendingPerEndpoint records per
+// endpoint (the newest; a burst on one prefix repeats the same blocks, so older records add
+// nothing a newer one does not), expired records are dropped when a match meets them, and the
+// groups are spread over shards with a lock each, so that unrelated prefixes do not contend.
 type pendingSet struct {
+	ttl    time.Duration
+	shards [pendingShards]pendingShard
+}
+
+const (
+	pendingShards = 64
+	// pendingPerEndpoint bounds a group's records per endpoint: a match scans at most this many
+	// times the pool's size.
+	pendingPerEndpoint = 4
+)
+
+type pendingShard struct {
 	mu      sync.Mutex
-	ttl     time.Duration
 	byFirst map[uint64][]*pendingRecord
 }
 
@@ -26,69 +40,117 @@ type pendingRecord struct {
 	ep      *router.Endpoint
 	expires time.Time
 	live    bool
+	at      int // index in its group (under the shard's lock)
 }
 
 func newPendingSet(ttl time.Duration) *pendingSet {
-	return &pendingSet{ttl: ttl, byFirst: map[uint64][]*pendingRecord{}}
+	p := &pendingSet{ttl: ttl}
+	for i := range p.shards {
+		p.shards[i].byFirst = map[uint64][]*pendingRecord{}
+	}
+	return p
 }
+
+func (p *pendingSet) shard(first uint64) *pendingShard { return &p.shards[first>>58] }
 
 func (p *pendingSet) add(r *pendingRecord, now time.Time) {
 	if len(r.hashes) == 0 || p.ttl <= 0 {
 		return
 	}
 	r.expires = now.Add(p.ttl)
+	k := r.hashes[0]
+	sh := p.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	recs := sh.byFirst[k]
+	// Keep at most pendingPerEndpoint records of this endpoint in the group: drop the oldest.
+	same, oldest := 0, -1
+	for i, o := range recs {
+		if o.ep == r.ep {
+			same++
+			if oldest < 0 || o.expires.Before(recs[oldest].expires) {
+				oldest = i
+			}
+		}
+	}
+	if same >= pendingPerEndpoint {
+		recs = removeAt(recs, oldest)
+	}
 	r.live = true
-	p.mu.Lock()
-	p.byFirst[r.hashes[0]] = append(p.byFirst[r.hashes[0]], r)
-	p.mu.Unlock()
+	r.at = len(recs)
+	sh.byFirst[k] = append(recs, r)
+}
+
+// removeAt drops recs[i] (swap with the last) and returns the shorter group.
+func removeAt(recs []*pendingRecord, i int) []*pendingRecord {
+	recs[i].live = false
+	last := len(recs) - 1
+	recs[i] = recs[last]
+	recs[i].at = i
+	recs[last] = nil
+	return recs[:last]
 }
 
 func (p *pendingSet) remove(r *pendingRecord) {
+	if len(r.hashes) == 0 {
+		return
+	}
+	k := r.hashes[0]
+	sh := p.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if !r.live {
 		return
 	}
-	r.live = false
-	k := r.hashes[0]
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	recs := p.byFirst[k]
-	if i := slices.Index(recs, r); i >= 0 {
-		recs[i] = recs[len(recs)-1]
-		recs[len(recs)-1] = nil
-		recs = recs[:len(recs)-1]
-	}
+	recs := removeAt(sh.byFirst[k], r.at)
 	if len(recs) == 0 {
-		delete(p.byFirst, k)
+		delete(sh.byFirst, k)
 	} else {
-		p.byFirst[k] = recs
+		sh.byFirst[k] = recs
 	}
 }
 
 // match raises lens[slot] to the number of leading blocks of hashes that a live, unexpired
-// pending record on that endpoint shares.
+// pending record on that endpoint shares; it drops the expired records it meets.
 func (p *pendingSet) match(hashes []uint64, now time.Time, lens []int32) {
 	if len(hashes) == 0 {
 		return
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, r := range p.byFirst[hashes[0]] {
-		if now.After(r.expires) || r.ep.Removed() || r.ep.Slot >= len(lens) {
+	k := hashes[0]
+	sh := p.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	recs := sh.byFirst[k]
+	for i := 0; i < len(recs); {
+		r := recs[i]
+		if now.After(r.expires) || r.ep.Removed() {
+			recs = removeAt(recs, i)
 			continue
 		}
-		n := int32(commonPrefix(r.hashes, hashes))
-		if lens[r.ep.Slot] < n {
+		i++
+		if r.ep.Slot >= len(lens) {
+			continue
+		}
+		if n := int32(commonPrefix(r.hashes, hashes)); lens[r.ep.Slot] < n {
 			lens[r.ep.Slot] = n
 		}
+	}
+	if len(recs) == 0 {
+		delete(sh.byFirst, k)
+	} else {
+		sh.byFirst[k] = recs
 	}
 }
 
 func (p *pendingSet) len() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	n := 0
-	for _, recs := range p.byFirst {
-		n += len(recs)
+	for i := range p.shards {
+		sh := &p.shards[i]
+		sh.mu.Lock()
+		for _, recs := range sh.byFirst {
+			n += len(recs)
+		}
+		sh.mu.Unlock()
 	}
 	return n
 }

@@ -59,3 +59,35 @@ func TestPendingMatchesLiveRecordsOnly(t *testing.T) {
 		t.Fatalf("%d records left", n)
 	}
 }
+
+// TestPendingWorkIsBounded: a burst of thousands of in-flight requests on one prefix keeps at
+// most pendingPerEndpoint records per endpoint, and expired records are dropped when a match
+// meets them instead of being skipped forever.
+func TestPendingWorkIsBounded(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newPendingSet(10 * time.Second)
+	eps := []*router.Endpoint{router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1)}
+	shared := chain(1, 50)
+	var recs []*pendingRecord
+	for i := range 2000 {
+		r := &pendingRecord{hashes: cat(shared, chain(uint64(100+i), 5)), ep: eps[i%2]}
+		p.add(r, now.Add(time.Duration(i)*time.Millisecond))
+		recs = append(recs, r)
+	}
+	if n := p.len(); n != 2*pendingPerEndpoint {
+		t.Fatalf("%d records kept for 2000 picks on one prefix over 2 endpoints, want %d", n, 2*pendingPerEndpoint)
+	}
+	lens := make([]int32, 2)
+	p.match(cat(shared, chain(1999+100, 5)), now.Add(2*time.Second), lens)
+	if lens[1] != 55 || lens[0] != 50 {
+		t.Fatalf("lens %v: the newest records must still match (55 on the endpoint of the last one, 50 elsewhere)", lens)
+	}
+	clear(lens)
+	p.match(shared, now.Add(time.Hour), lens)
+	if n := p.len(); n != 0 || lens[0] != 0 || lens[1] != 0 {
+		t.Fatalf("after expiry: %d records left, lens %v", n, lens)
+	}
+	for _, r := range recs {
+		p.remove(r) // dropped records: removing them again is harmless
+	}
+}

@@ -1,6 +1,8 @@
 package prefix
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"math/bits"
 	"unsafe"
 )
@@ -44,10 +46,25 @@ func newTable[V uint32 | uint64](bound int) *table[V] {
 	return t
 }
 
+// home is k's first slot. Keys are block hashes that clients choose the text of, and the hash
+// function is public, so placing keys by their own bits would let a client craft prompts whose
+// blocks all land in one probe run (each insert and lookup then walks the whole run). The
+// placement is keyed per process instead: without the key a client cannot tell which keys
+// collide. Only placement changes; the hashes themselves, and the tie-breaks replicas agree on,
+// do not.
 func (t *table[V]) home(k uint64) int {
-	hi, _ := bits.Mul64(k, uint64(len(t.slots)))
+	hi, _ := bits.Mul64(fmix64(k^placementKey), uint64(len(t.slots)))
 	return int(hi)
 }
+
+// placementKey is drawn once per process.
+var placementKey = func() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("prefix: no randomness for the table key: " + err.Error())
+	}
+	return binary.LittleEndian.Uint64(b[:])
+}()
 
 func (t *table[V]) next(i int) int {
 	i++

@@ -57,3 +57,22 @@ func TestTableAgreesWithMap(t *testing.T) {
 		}
 	}
 }
+
+// TestTablePlacementIsKeyed: keys a client can craft to share their high bits (the bits an
+// unkeyed multiply-shift placement reads) must not share a probe run: with the per-process
+// key, the longest displacement stays what random keys give.
+func TestTablePlacementIsKeyed(t *testing.T) {
+	tb := newTable[uint32](0)
+	for i := range uint64(4000) {
+		tb.put(0xabcdef12_00000000|i<<1|1, uint32(i))
+	}
+	longest := 0
+	for i := range tb.slots {
+		if tb.slots[i].k != 0 {
+			longest = max(longest, tb.dist(i))
+		}
+	}
+	if longest > 64 {
+		t.Fatalf("keys sharing their high 32 bits are displaced by up to %d slots: placement is predictable", longest)
+	}
+}
