@@ -25,25 +25,55 @@ func bufClass(n int) (int, int) {
 	return (c - minBufClass) / 2, 1 << c
 }
 
-// getBuf returns an empty buffer for a request body, sized from content-length when the client
-// sent one, so that accumulating chunks copies each byte once.
-func (s *Server) getBuf(contentLength string, limit int64) []byte {
+// preSizeCap bounds the buffer a stream reserves from the client's content-length before the
+// bytes exist: a client that announces 32 MiB and sends one byte gets 64 KiB (four typical chat
+// bodies), not 32 MiB. Beyond it the buffer grows with the bytes received (appendBody).
+const preSizeCap = 64 << 10
+
+// getBuf returns an empty buffer for a request body, sized from content-length up to
+// preSizeCap, so that a typical body is accumulated without a copy.
+func (s *Server) getBuf(contentLength string) []byte {
 	want := 0
-	if n, err := strconv.ParseInt(contentLength, 10, 64); err == nil && n > 0 && n <= limit {
-		want = int(n)
+	if n, err := strconv.ParseInt(contentLength, 10, 64); err == nil && n > 0 {
+		want = int(min(n, preSizeCap))
 	}
-	if want > 1<<maxBufClass {
-		return make([]byte, 0, want)
-	}
-	i, size := bufClass(want)
+	return s.classBuf(want)
+}
+
+// classBuf returns an empty pooled buffer of the smallest class that holds n <= 1 MiB bytes.
+func (s *Server) classBuf(n int) []byte {
+	i, size := bufClass(n)
 	if p, ok := s.bufs[i].Get().(*[]byte); ok {
 		return (*p)[:0]
 	}
 	return make([]byte, 0, size)
 }
 
+// appendBody appends chunk to buf, growing it with what was received: to the next size class
+// up to 1 MiB (at most 4x the bytes held), then by doubling, never past limit. What a stream
+// holds is so bounded by what its client really sent.
+func (s *Server) appendBody(buf, chunk []byte, limit int64) []byte {
+	need := len(buf) + len(chunk)
+	if need <= cap(buf) {
+		return append(buf, chunk...)
+	}
+	var nb []byte
+	if need <= 1<<maxBufClass {
+		nb = s.classBuf(need)
+	} else {
+		c := max(need, 2*cap(buf))
+		if int64(c) > limit {
+			c = max(need, int(limit))
+		}
+		nb = make([]byte, 0, c)
+	}
+	nb = append(append(nb, buf...), chunk...)
+	s.putBuf(buf)
+	return nb
+}
+
 // putBuf returns a buffer to the pool of the class its capacity fills exactly; buffers that
-// grew by append (no content-length) land in the largest class they fill.
+// grew by append land in the largest class they fill.
 func (s *Server) putBuf(buf []byte) {
 	c := cap(buf)
 	if c < 1<<minBufClass || c > 1<<maxBufClass {

@@ -1,36 +1,63 @@
 package extproc
 
-import "testing"
+import (
+	"strconv"
+	"testing"
+)
 
-func TestBufferClassesNeverHandOutTooSmallABuffer(t *testing.T) {
+func TestBufferClassesHoldTheBytesWithinFourTimes(t *testing.T) {
 	s := &Server{}
 	for _, c := range []int{16 << 10, 20 << 10, 64 << 10, 100 << 10, 256 << 10, 1 << 20} {
 		s.putBuf(make([]byte, 0, c))
 	}
-	for _, want := range []int{0, 1, 16 << 10, 16<<10 + 1, 64 << 10, 200 << 10, 1 << 20} {
-		b := s.getBuf(itoa(want), 32<<20)
-		if cap(b) < want || len(b) != 0 {
-			t.Fatalf("getBuf(%d): len %d cap %d", want, len(b), cap(b))
+	for _, n := range []int{0, 1, 16 << 10, 16<<10 + 1, 64 << 10, 200 << 10, 1 << 20} {
+		b := s.classBuf(n)
+		if cap(b) < n || len(b) != 0 {
+			t.Fatalf("classBuf(%d): len %d cap %d", n, len(b), cap(b))
 		}
-		if want <= 16<<10 && cap(b) > 64<<10 {
-			t.Fatalf("a %d-byte body got a %d-byte buffer", want, cap(b))
+		if cap(b) > 4*max(16<<10, n) {
+			t.Fatalf("a %d-byte body got a %d-byte buffer", n, cap(b))
 		}
-	}
-	if b := s.getBuf(itoa(3<<20), 32<<20); cap(b) < 3<<20 {
-		t.Fatalf("large body: cap %d", cap(b))
-	}
-	if b := s.getBuf("garbage", 32<<20); cap(b) < 16<<10 {
-		t.Fatalf("no content-length: cap %d", cap(b))
 	}
 }
 
-func itoa(n int) string {
-	if n == 0 {
-		return ""
+func TestPreSizeIsCappedWhateverTheClientAnnounces(t *testing.T) {
+	s := &Server{}
+	tests := []struct {
+		contentLength string
+		wantCap       int
+	}{
+		{"", 16 << 10},
+		{"garbage", 16 << 10},
+		{"-5", 16 << 10},
+		{"2000", 16 << 10},
+		{strconv.Itoa(50 << 10), 64 << 10},
+		{strconv.Itoa(32 << 20), 64 << 10},
+		{"99999999999999999999", 16 << 10}, // does not parse as int64
 	}
-	var b []byte
-	for ; n > 0; n /= 10 {
-		b = append([]byte{byte('0' + n%10)}, b...)
+	for _, tc := range tests {
+		if b := s.getBuf(tc.contentLength); cap(b) != tc.wantCap || len(b) != 0 {
+			t.Errorf("getBuf(%q): len %d cap %d, want cap %d", tc.contentLength, len(b), cap(b), tc.wantCap)
+		}
 	}
-	return string(b)
+}
+
+func TestAppendBodyKeepsTheBytesAndStopsAtTheLimit(t *testing.T) {
+	s := &Server{}
+	var want []byte
+	buf := s.getBuf("")
+	chunk := make([]byte, 100<<10)
+	for i := range 30 { // 3 MiB: past the pooled classes
+		for j := range chunk {
+			chunk[j] = byte(i + j)
+		}
+		buf = s.appendBody(buf, chunk, 3000<<10)
+		want = append(want, chunk...)
+	}
+	if string(buf) != string(want) {
+		t.Fatal("bytes lost or reordered while growing")
+	}
+	if cap(buf) > 3000<<10 {
+		t.Fatalf("grew to %d bytes, past the 3000 KiB limit", cap(buf))
+	}
 }

@@ -6,7 +6,6 @@
 package extproc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,21 +32,25 @@ type Options struct {
 	MaxBodyBytes int64
 	// ChunkBytes bounds each body chunk sent back in FULL_DUPLEX_STREAMED mode.
 	ChunkBytes int
-	// AssumedMode is the body mode assumed for both directions when the proxy sends no
-	// protocol_config (proxies older than Envoy 1.34).
-	AssumedMode filterv3.ProcessingMode_BodySendMode
-	Log         *zap.Logger
-	Metrics     *Metrics // nil: no metrics
+	// AssumedBodyMode is the body mode assumed for both directions when the proxy sends no
+	// protocol_config (proxies older than Envoy 1.34), by its name in the ext_proc API
+	// ("FULL_DUPLEX_STREAMED", "BUFFERED", "NONE", ...). "" means FULL_DUPLEX_STREAMED, what
+	// inference gateways configure; NONE is a mode like the others (route at the headers), not
+	// "unset".
+	AssumedBodyMode string
+	Log             *zap.Logger
+	Metrics         *Metrics // nil: no metrics
 }
 
 // Server implements the ExternalProcessor service.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	pipe  *router.Pipeline
-	opt   Options
-	bufs  [(maxBufClass-minBufClass)/2 + 1]sync.Pool
-	tails sync.Pool // *[]byte of capacity openai.UsageTailBytes
-	once  sync.Once
+	pipe    *router.Pipeline
+	opt     Options
+	assumed filterv3.ProcessingMode_BodySendMode // Options.AssumedBodyMode
+	bufs    [(maxBufClass-minBufClass)/2 + 1]sync.Pool
+	tails   sync.Pool // *[]byte of capacity openai.UsageTailBytes
+	once    sync.Once
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -63,10 +66,15 @@ func New(pipe *router.Pipeline, opt Options) (*Server, error) {
 	if opt.Log == nil {
 		opt.Log = zap.NewNop()
 	}
-	if opt.AssumedMode == filterv3.ProcessingMode_NONE {
-		opt.AssumedMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	assumed := filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	if opt.AssumedBodyMode != "" {
+		v, ok := filterv3.ProcessingMode_BodySendMode_value[opt.AssumedBodyMode]
+		if !ok {
+			return nil, fmt.Errorf("extproc: unknown body mode %q", opt.AssumedBodyMode)
+		}
+		assumed = filterv3.ProcessingMode_BodySendMode(v)
 	}
-	return &Server{pipe: pipe, opt: opt}, nil
+	return &Server{pipe: pipe, opt: opt, assumed: assumed}, nil
 }
 
 // phase is where a stream is in the request's life.
@@ -95,6 +103,9 @@ type stream struct {
 	heldChunks    int    // STREAMED: body messages awaiting an answer until routing
 	contentLength string // the request's content-length header, if any
 	generatedID   bool
+	parses        int // body parse attempts, for tests: STREAMED must not re-parse per chunk
+	objEnd        objectEnd
+	triedEarly    bool // STREAMED: the parse at the object's end was tried
 
 	decision   router.Decision
 	scheduled  bool
@@ -179,7 +190,7 @@ func (st *stream) configure(msg *extprocv3.ProcessingRequest) {
 	st.configured = true
 	pc := msg.GetProtocolConfig()
 	if pc == nil {
-		st.reqMode, st.respMode = st.s.opt.AssumedMode, st.s.opt.AssumedMode
+		st.reqMode, st.respMode = st.s.assumed, st.s.assumed
 		return
 	}
 	st.reqMode = pc.GetRequestBodyMode()
@@ -284,29 +295,27 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		return true, st.srv.Send(st.tooLarge())
 	}
 	if st.buf == nil {
-		st.buf = st.s.getBuf(st.contentLength, st.s.opt.MaxBodyBytes)
+		st.buf = st.s.getBuf(st.contentLength)
 	}
-	st.buf = append(st.buf, b.GetBody()...)
+	st.buf = st.s.appendBody(st.buf, b.GetBody(), st.s.opt.MaxBodyBytes)
 	if st.reqMode == filterv3.ProcessingMode_STREAMED {
 		st.heldChunks++
 		// In STREAMED mode the proxy sends trailers only once every chunk is answered, and
 		// chunks cannot be answered before the headers: a body that ends with trailers would
-		// never end. Route as soon as the body is a complete JSON document instead.
-		if !b.GetEndOfStream() && endsObject(st.buf) && openai.Parse(st.req.API, st.buf, &st.body) == nil {
-			return st.routeParsed(st.buf, false, time.Now())
+		// never end. Route as soon as the body is a complete JSON object instead. The scanner
+		// looks at each byte once and says when the top-level object closes: one parse per
+		// stream, however many chunks end in '}'.
+		if st.objEnd.feed(b.GetBody()) && !b.GetEndOfStream() && !st.triedEarly {
+			st.triedEarly = true
+			if st.parse(st.buf) == nil {
+				return st.routeParsed(st.buf, false, time.Now())
+			}
 		}
 	}
 	if !b.GetEndOfStream() {
 		return false, nil
 	}
 	return st.complete(st.buf, true, false)
-}
-
-// endsObject reports whether b, less trailing whitespace, ends with '}': cheap to check on every
-// chunk, and true of every complete request body.
-func endsObject(b []byte) bool {
-	b = bytes.TrimRight(b, " \t\r\n")
-	return len(b) > 0 && b[len(b)-1] == '}'
 }
 
 func (st *stream) onRequestTrailers() (bool, error) {
@@ -327,7 +336,7 @@ func (st *stream) onRequestTrailers() (bool, error) {
 // eos: the body ended with end_of_stream (not with trailers). partial: the proxy may have cut it.
 func (st *stream) complete(body []byte, eos, partial bool) (bool, error) {
 	start := time.Now()
-	if err := openai.Parse(st.req.API, body, &st.body); err != nil {
+	if err := st.parse(body); err != nil {
 		if !partial {
 			var pe *openai.Error
 			if errors.As(err, &pe) {
@@ -340,6 +349,12 @@ func (st *stream) complete(body []byte, eos, partial bool) (bool, error) {
 		return st.route(body, eos, start)
 	}
 	return st.routeParsed(body, eos, start)
+}
+
+// parse parses the request body into st.body.
+func (st *stream) parse(body []byte) error {
+	st.parses++
+	return openai.Parse(st.req.API, body, &st.body)
 }
 
 // routeParsed routes a request whose body st.body holds, parsed.

@@ -661,3 +661,20 @@ func TestUsageReportsReachThePlugins(t *testing.T) {
 		})
 	}
 }
+
+// TestAssumedBodyModeNoneRoutesAtHeaders: a proxy that sends no protocol_config and no body,
+// with extProc.assumedBodyMode NONE, gets its answer at the request headers; the picker must
+// not wait for a body that will never come.
+func TestAssumedBodyModeNoneRoutesAtHeaders(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.ExtProc.AssumedBodyMode = "NONE" })
+	mode := modes()["none"]
+	mode.OmitProtocolConfig = true
+	routed, _, err := h.client.Do(context.Background(), mode, post("/v1/chat/completions", chatBody(1, 1)), sse("ok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if routed.Immediate != nil || !contains(pool4, routed.Destination) {
+		t.Fatalf("not routed at headers: %+v", routed)
+	}
+	h.settled()
+}

@@ -14,7 +14,6 @@ import (
 	"net/http/pprof"
 	"time"
 
-	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -84,11 +83,11 @@ func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
 		return nil, fmt.Errorf("plugins: %w", err)
 	}
 	srv, err := extproc.New(pipe, extproc.Options{
-		MaxBodyBytes: cfg.ExtProc.MaxBodyBytes,
-		ChunkBytes:   cfg.ExtProc.ChunkBytes,
-		AssumedMode:  filterv3.ProcessingMode_BodySendMode(filterv3.ProcessingMode_BodySendMode_value[cfg.ExtProc.AssumedBodyMode]),
-		Log:          log,
-		Metrics:      extproc.NewMetrics(reg),
+		MaxBodyBytes:    cfg.ExtProc.MaxBodyBytes,
+		ChunkBytes:      cfg.ExtProc.ChunkBytes,
+		AssumedBodyMode: cfg.ExtProc.AssumedBodyMode,
+		Log:             log,
+		Metrics:         extproc.NewMetrics(reg),
 	})
 	if err != nil {
 		return nil, err
