@@ -6,18 +6,27 @@ import (
 	"sync/atomic"
 
 	"github.com/kvpick/kvpick/pkg/openai"
+	"github.com/kvpick/kvpick/pkg/router"
 )
 
-// The index counts blocks of rendered prompt bytes; servers count KV blocks of tokens.
-// lruCapacityPerEndpoint is given in blocks of blockSize/assumedBytesPerToken tokens (16 for 64
-// bytes: one vLLM KV block), and the index holds as many of its own blocks as cover the same
-// number of tokens. How many tokens a block of bytes is depends on the tokenizer and the
-// traffic (English prose ~4.5 bytes per token with Llama 3's tokenizer, code and other
-// languages fewer), so the plugin learns it from the servers' usage reports (prompt_tokens
-// against the bytes it rendered) and rescales the index's capacity when the ratio moves.
-// Without usage reports it keeps assuming assumedBytesPerToken.
+// The index counts blocks of rendered prompt bytes; servers count KV blocks of tokens. Each
+// endpoint's capacity is a number of tokens — the KV cache its server reports
+// (vllm:cache_config_info's num_gpu_blocks × block_size, or SGLang's max_total_num_tokens) less
+// what running requests occupy, or, when it reports nothing, lruCapacityPerEndpoint blocks of
+// configuredBlockTokens tokens — and the index holds as many of its own blocks as cover those
+// tokens. How many tokens a block of bytes is depends on the tokenizer and the traffic (English
+// prose ~4.5 bytes per token with Llama 3's tokenizer, code and other languages fewer), so the
+// plugin learns it from the servers' usage reports (prompt_tokens against the bytes it rendered)
+// and rescales the index when the ratio moves. Without usage reports it assumes
+// assumedBytesPerToken.
 const (
 	assumedBytesPerToken = 4
+	// configuredBlockTokens is the unit of lruCapacityPerEndpoint: vLLM's KV block.
+	configuredBlockTokens = 16
+	// reportedUsableShare is the part of a server's reported KV cache that holds reusable
+	// prefixes rather than running requests' generated tokens and reserved decode blocks: the
+	// same 85% that config/default.yaml's lruCapacityPerEndpoint arithmetic uses.
+	reportedUsableShare = 0.85
 	// calibDecay forgets old samples: the sums halve every ~2,800 requests, so a change of
 	// traffic shows within a few thousand requests while one odd prompt moves nothing.
 	calibDecay = 1 - 1.0/4096
@@ -26,77 +35,236 @@ const (
 	// calibMinBlocks skips prompts of under four blocks, where the server's chat-template tokens
 	// outweigh the text.
 	calibMinBlocks = 4
-	// calibStep is the relative change of the factor that triggers a rescale: rescaling evicts
+	// calibStep is the relative change of the ratio that triggers a rescale: rescaling evicts
 	// under the index's write lock, so it is not done for noise.
 	calibStep = 0.02
-	// The factor stays within [1/4, 4]: 1 to 16 bytes per token covers every tokenizer in use;
+	// The learned bytes per token stay within [1, 16]: that covers every tokenizer in use;
 	// beyond that the reports are not about the prompts the picker rendered.
-	calibMinFactor, calibMaxFactor = 0.25, 4
+	calibMinBytesPerToken, calibMaxBytesPerToken = 1, 16
 )
 
-// calibration learns tokens per rendered byte from usage reports.
-type calibration struct {
+// capacities decides every endpoint's index capacity and applies it off the decision path: a
+// change (a calibration step, a scrape reporting a new cache size, an endpoint joining or
+// leaving) marks the plan dirty and one background goroutine, started on demand and gone when
+// idle, resizes the index.
+type capacities struct {
+	index       *Index
+	blockSize   int
+	configured  int  // lruCapacityPerEndpoint
+	fromMetrics bool // size endpoints from their reported KV caches
+	calibrate   bool
+	maxEntries  int // pool-wide bound on index entries
+
 	mu             sync.Mutex
-	tokens, bytes  float64 // decayed sums over reports
+	tokens, bytes  float64 // decayed sums over usage reports
 	samples        int
-	factor         float64 // applied: index capacity = configured × factor
-	configured     int
-	apply          func(capacity int)
-	reportedTokens float64 // for metrics: the current tokens per block estimate
+	bytesPerToken  float64                    // applied
+	reportedTokens float64                    // for metrics: the current tokens per block estimate
+	reported       map[*router.Endpoint]int64 // usable tokens from the endpoint's metrics
+	live           map[*router.Endpoint]int   // live endpoints → applied capacity (0: none yet)
+	defaultCap     int                        // applied default capacity
+
+	dirty, running atomic.Bool
+	idle           sync.Cond // signalled when a run ends (for tests), under mu
 }
 
-func newCalibration(configured int, apply func(int)) *calibration {
-	return &calibration{factor: 1, configured: configured, apply: apply}
+func newCapacities(x *Index, p Params) *capacities {
+	c := &capacities{
+		index: x, blockSize: p.BlockSize, configured: p.LRUCapacityPerEndpoint,
+		fromMetrics: p.CapacityFromMetrics, calibrate: p.CalibrateCapacity, maxEntries: p.MaxIndexEntries,
+		bytesPerToken: assumedBytesPerToken,
+		reported:      map[*router.Endpoint]int64{},
+		live:          map[*router.Endpoint]int{},
+	}
+	c.idle.L = &c.mu
+	if !c.calibrate {
+		// Without calibration the configured capacity is taken as index blocks, whatever the
+		// block size: what the operator set is what the index holds.
+		c.bytesPerToken = float64(p.BlockSize) / configuredBlockTokens
+	}
+	c.defaultCap = c.blocksLocked(c.configuredTokens())
+	x.SetDefaultCapacity(c.defaultCap)
+	return c
 }
 
-// observe adds one report: a prompt of promptTokens tokens that the picker rendered into
-// renderedBytes bytes. blockSize converts the estimate for metrics.
-func (c *calibration) observe(renderedBytes, promptTokens, blockSize int) {
-	if renderedBytes < calibMinBlocks*blockSize || promptTokens <= 0 {
+func (c *capacities) configuredTokens() float64 {
+	return float64(c.configured) * configuredBlockTokens
+}
+
+// blocksLocked converts tokens into index blocks at the current bytes per token.
+func (c *capacities) blocksLocked(tokens float64) int {
+	tokensPerBlock := float64(c.blockSize) / c.bytesPerToken
+	return max(1, int(math.Round(tokens/tokensPerBlock)))
+}
+
+// observe adds one usage report: a prompt of promptTokens tokens that the picker rendered into
+// renderedBytes bytes.
+func (c *capacities) observe(renderedBytes, promptTokens int) {
+	if !c.calibrate || renderedBytes < calibMinBlocks*c.blockSize || promptTokens <= 0 {
 		return
 	}
 	c.mu.Lock()
 	c.tokens = c.tokens*calibDecay + float64(promptTokens)
 	c.bytes = c.bytes*calibDecay + float64(renderedBytes)
 	c.samples++
-	c.reportedTokens = c.tokens / c.bytes * float64(blockSize)
+	c.reportedTokens = c.tokens / c.bytes * float64(c.blockSize)
 	if c.samples < calibMinSamples {
 		c.mu.Unlock()
 		return
 	}
-	// Capacity in the index's blocks = configured × (tokens per configured block) / (tokens per
-	// index block) = configured × (blockSize/assumed) / (blockSize × tokens/bytes).
-	f := c.bytes / (assumedBytesPerToken * c.tokens)
-	f = min(max(f, calibMinFactor), calibMaxFactor)
-	if math.Abs(f/c.factor-1) < calibStep {
-		c.mu.Unlock()
-		return
+	bpt := min(max(c.bytes/c.tokens, calibMinBytesPerToken), calibMaxBytesPerToken)
+	changed := math.Abs(bpt/c.bytesPerToken-1) >= calibStep
+	if changed {
+		c.bytesPerToken = bpt
 	}
-	c.factor = f
-	capacity := max(1, int(math.Round(float64(c.configured)*f)))
-	// Applied under c.mu so that two rescales cannot land out of order.
-	c.apply(capacity)
 	c.mu.Unlock()
+	if changed {
+		c.kick()
+	}
 }
 
-// tokensPerBlock returns the current estimate of server tokens per index block (0 before any
-// report, or when calibration is off).
-func (c *calibration) tokensPerBlock() float64 {
-	if c == nil {
-		return 0
-	}
+// tokensPerIndexBlock is the current estimate of server tokens per index block.
+func (c *capacities) tokensPerIndexBlock() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return float64(c.blockSize) / c.bytesPerToken
+}
+
+// tokensPerBlockMetric is the learned tokens per block for metrics (0 before any report).
+func (c *capacities) tokensPerBlockMetric() float64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.reportedTokens
 }
 
-// usage calibrates the index's capacity from the server's prompt_tokens for a prompt the picker
-// rendered whole (Plugin.Usage also counts the report for the metrics).
-func (pl *Plugin) usage(st *state, u openai.Usage) {
-	if pl.calib == nil || st.truncated || st.rendered == 0 {
+// metrics records an endpoint's reported KV cache.
+func (c *capacities) metrics(ep *router.Endpoint, m *router.Metrics) {
+	if !c.fromMetrics || m == nil {
 		return
 	}
-	pl.calib.observe(st.rendered, u.PromptTokens, pl.p.BlockSize)
+	t := int64(float64(m.CapacityTokens()) * reportedUsableShare)
+	c.mu.Lock()
+	changed := false
+	if _, ok := c.live[ep]; ok && t > 0 && c.reported[ep] != t {
+		c.reported[ep] = t
+		changed = true
+	}
+	c.mu.Unlock()
+	if changed {
+		c.kick()
+	}
+}
+
+// endpoints follows the pool.
+func (c *capacities) endpoints(added, removed []*router.Endpoint) {
+	c.mu.Lock()
+	for _, e := range added {
+		c.live[e] = 0
+	}
+	for _, e := range removed {
+		delete(c.live, e)
+		delete(c.reported, e)
+	}
+	c.mu.Unlock()
+	c.kick()
+}
+
+// kick schedules a run of apply; at most one runs at a time, and a change during a run causes
+// another.
+func (c *capacities) kick() {
+	c.dirty.Store(true)
+	if c.running.CompareAndSwap(false, true) {
+		go c.run()
+	}
+}
+
+func (c *capacities) run() {
+	for {
+		for c.dirty.Swap(false) {
+			c.apply()
+		}
+		c.running.Store(false)
+		// A kick between the last Swap and the Store found running set and left: take over.
+		if !c.dirty.Load() || !c.running.CompareAndSwap(false, true) {
+			break
+		}
+	}
+	c.mu.Lock()
+	c.idle.Broadcast()
+	c.mu.Unlock()
+}
+
+// settle waits until no change is pending (for tests).
+func (c *capacities) settle() {
+	c.mu.Lock()
+	for c.running.Load() || c.dirty.Load() {
+		c.idle.Wait()
+	}
+	c.mu.Unlock()
+}
+
+// plan is one endpoint's new capacity.
+type plan struct {
+	ep  *router.Endpoint
+	cap int
+}
+
+// apply computes every live endpoint's capacity and resizes those that changed. The sum over
+// the pool is bounded by maxEntries: when the endpoints' own capacities add up to more, all
+// are scaled down alike.
+func (c *capacities) apply() {
+	c.mu.Lock()
+	want := make([]plan, 0, len(c.live))
+	sum := 0
+	defCap := c.blocksLocked(c.configuredTokens())
+	for e := range c.live {
+		n := defCap
+		if t := c.reported[e]; t > 0 {
+			n = c.blocksLocked(float64(t))
+		}
+		want = append(want, plan{e, n})
+		sum += n
+	}
+	scale := 1.0
+	if c.maxEntries > 0 && sum > c.maxEntries {
+		scale = float64(c.maxEntries) / float64(sum)
+	}
+	c.defaultCap = max(1, int(float64(defCap)*scale))
+	if c.maxEntries > 0 {
+		c.defaultCap = min(c.defaultCap, c.maxEntries)
+	}
+	var changed []plan
+	keep := map[int]bool{}
+	for _, p := range want {
+		p.cap = max(1, int(float64(p.cap)*scale))
+		if c.reported[p.ep] > 0 {
+			keep[p.ep.Slot] = true
+		}
+		if c.live[p.ep] != p.cap {
+			c.live[p.ep] = p.cap
+			changed = append(changed, p)
+		}
+	}
+	defaultCap := c.defaultCap
+	c.mu.Unlock()
+	// Endpoints sized by the default (and any the plan does not know) follow the default;
+	// those sized by their own reports get theirs.
+	c.index.ResizeDefault(defaultCap, func(slot int) bool { return keep[slot] })
+	for _, p := range changed {
+		if keep[p.ep.Slot] && !p.ep.Removed() {
+			c.index.SetCapacity(p.ep.Slot, p.cap)
+		}
+	}
+}
+
+// usage calibrates the index's capacity from the server's prompt_tokens for a prompt the picker
+// rendered whole, and takes the server's cached_tokens as evidence of what it still holds
+// (Plugin.Usage also counts the report for the metrics).
+func (pl *Plugin) usage(st *state, served *router.Endpoint, u openai.Usage) {
+	if !st.truncated && st.rendered > 0 {
+		pl.caps.observe(st.rendered, u.PromptTokens)
+	}
+	pl.evidence(st, served, u)
 }
 
 // reuseRate is an exponentially weighted mean of the share of each scored prompt that some

@@ -144,16 +144,23 @@ func (x *Index) SetDefaultCapacity(capacity int) {
 
 // SetCapacityAll bounds every endpoint's LRU, and those of endpoints to come, to capacity
 // blocks, evicting the oldest entries over the new bound.
-func (x *Index) SetCapacityAll(capacity int) {
+func (x *Index) SetCapacityAll(capacity int) { x.ResizeDefault(capacity, nil) }
+
+// ResizeDefault sets the capacity of endpoints to come and resizes every endpoint's LRU to it,
+// except those for whose slot keep reports true.
+func (x *Index) ResizeDefault(capacity int, keep func(slot int) bool) {
 	x.SetDefaultCapacity(capacity)
 	x.mu.RLock()
 	n := len(x.eps)
 	x.mu.RUnlock()
 	for slot := range n {
+		if keep != nil && keep(slot) {
+			continue
+		}
 		x.mu.RLock()
-		has := slot < len(x.eps) && x.eps[slot] != nil
+		resize := slot < len(x.eps) && x.eps[slot] != nil && x.eps[slot].capacity != max(capacity, 1)
 		x.mu.RUnlock()
-		if has {
+		if resize {
 			x.SetCapacity(slot, capacity)
 		}
 	}

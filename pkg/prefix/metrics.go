@@ -2,14 +2,17 @@ package prefix
 
 import (
 	"github.com/kvpick/kvpick/pkg/openai"
+	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 type pluginMetrics struct {
-	hitBlocks, reqBlocks           prometheus.Counter
-	hitRatio                       prometheus.Histogram
-	serverPrompt, serverCached     prometheus.Counter
-	serverPromptWithCachedReported prometheus.Counter
+	predictedCached, reportedCached *prometheus.CounterVec
+	trims, trimmed                  *prometheus.CounterVec
+	hitBlocks, reqBlocks            prometheus.Counter
+	hitRatio                        prometheus.Histogram
+	serverPrompt, serverCached      prometheus.Counter
+	serverPromptWithCachedReported  prometheus.Counter
 }
 
 func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
@@ -48,12 +51,24 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvpick_prefix_tokens_per_block",
 			Help: "Server tokens per index block, learned from usage reports (0 until the first report).",
-		}, pl.calib.tokensPerBlock),
+		}, pl.caps.tokensPerBlockMetric),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvpick_prefix_capacity_blocks",
-			Help: "Per-endpoint capacity of the index in its own blocks: lruCapacityPerEndpoint rescaled by the learned tokens per block.",
+			Help: "Capacity of the index, in its own blocks, of an endpoint that reports no KV cache size: lruCapacityPerEndpoint rescaled by the learned tokens per block (and the pool-wide bound).",
 		}, func() float64 { return float64(pl.index.Capacity()) }),
 	)
+	ev := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"endpoint"})
+	}
+	m.predictedCached = ev("kvpick_prefix_evidence_predicted_cached_tokens_total",
+		"For responses whose usage reported cached_tokens: the prompt tokens the index predicted the serving endpoint held.")
+	m.reportedCached = ev("kvpick_prefix_evidence_reported_cached_tokens_total",
+		"For the same responses: the cached tokens the server reported (usage.prompt_tokens_details.cached_tokens).")
+	m.trims = ev("kvpick_prefix_evidence_trims_total",
+		"Times a server reported clearly fewer cached tokens than predicted and the endpoint's older index entries were dropped.")
+	m.trimmed = ev("kvpick_prefix_evidence_trimmed_entries_total",
+		"Index entries dropped because a server reported fewer cached tokens than predicted.")
+	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed)
 	stat := func(name, help string, f func(Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return f(pl.index.Stats()) })
@@ -83,5 +98,22 @@ func (m *pluginMetrics) observeUsage(u openai.Usage) {
 	if u.HasCached {
 		m.serverPromptWithCachedReported.Add(float64(u.PromptTokens))
 		m.serverCached.Add(float64(u.CachedTokens))
+	}
+}
+
+func (m *pluginMetrics) observeEvidence(ep *router.Endpoint, predicted, reported float64) {
+	m.predictedCached.WithLabelValues(ep.Addr).Add(predicted)
+	m.reportedCached.WithLabelValues(ep.Addr).Add(reported)
+}
+
+func (m *pluginMetrics) observeTrim(ep *router.Endpoint, evicted int) {
+	m.trims.WithLabelValues(ep.Addr).Inc()
+	m.trimmed.WithLabelValues(ep.Addr).Add(float64(evicted))
+}
+
+// forget drops a removed endpoint's series.
+func (m *pluginMetrics) forget(ep *router.Endpoint) {
+	for _, v := range []*prometheus.CounterVec{m.predictedCached, m.reportedCached, m.trims, m.trimmed} {
+		v.DeleteLabelValues(ep.Addr)
 	}
 }

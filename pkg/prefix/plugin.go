@@ -26,10 +26,20 @@ type Params struct {
 	LRUCapacityPerEndpoint int             `json:"lruCapacityPerEndpoint"`
 	MinMatchBlocks         int             `json:"minMatchBlocks"`
 	PendingTTL             config.Duration `json:"pendingTTL"`
-	// CalibrateCapacity converts LRUCapacityPerEndpoint (KV blocks of 16 tokens) into index
-	// blocks with the tokens per byte learned from the servers' usage reports (calibrate.go);
-	// false keeps the index at LRUCapacityPerEndpoint of its own blocks.
+	// CalibrateCapacity converts capacities in tokens into index blocks with the tokens per
+	// byte learned from the servers' usage reports (calibrate.go); false takes
+	// LRUCapacityPerEndpoint as index blocks.
 	CalibrateCapacity bool `json:"calibrateCapacity"`
+	// CapacityFromMetrics sizes each endpoint from the KV cache its server reports
+	// (vllm:cache_config_info, sglang:max_total_num_tokens) instead of LRUCapacityPerEndpoint;
+	// false pins every endpoint to the configured capacity.
+	CapacityFromMetrics bool `json:"capacityFromMetrics"`
+	// MaxIndexEntries bounds the index over the whole pool; when the endpoints' capacities add
+	// up to more, all are scaled down alike. 0: no pool-wide bound.
+	MaxIndexEntries int `json:"maxIndexEntries"`
+	// EvictionEvidence trims an endpoint's entries when its server reports fewer cached tokens
+	// (usage.prompt_tokens_details.cached_tokens) than the index predicted (evidence.go).
+	EvictionEvidence bool `json:"evictionEvidence"`
 }
 
 // Validate names the first bad field.
@@ -47,9 +57,14 @@ func (p Params) Validate() error {
 		return fmt.Errorf("minMatchBlocks %d: must not be negative", p.MinMatchBlocks)
 	case p.PendingTTL < 0:
 		return fmt.Errorf("pendingTTL %v: must not be negative", p.PendingTTL.D())
+	case p.MaxIndexEntries < 0 || p.MaxIndexEntries > maxIndexEntriesLimit:
+		return fmt.Errorf("maxIndexEntries %d: want 0..%d (node numbers are 32-bit)", p.MaxIndexEntries, maxIndexEntriesLimit)
 	}
 	return nil
 }
+
+// maxIndexEntriesLimit keeps node numbers (uint32) far from wrapping.
+const maxIndexEntriesLimit = 1 << 31
 
 // Plugin is the prefix scorer. It prepares each request's block hashes, scores endpoints by how
 // much of the prompt they likely hold, records a pending entry at pick and commits the blocks to
@@ -61,7 +76,7 @@ type Plugin struct {
 	now     func() time.Time
 	states  sync.Pool
 	metrics *pluginMetrics
-	calib   *calibration
+	caps    *capacities
 	reuse   reuseRate
 }
 
@@ -72,6 +87,7 @@ var (
 	_ router.ResponseObserver = (*Plugin)(nil)
 	_ router.UsageObserver    = (*Plugin)(nil)
 	_ router.DoneObserver     = (*Plugin)(nil)
+	_ router.MetricsObserver  = (*Plugin)(nil)
 	_ router.PoolListener     = (*Plugin)(nil)
 )
 
@@ -90,6 +106,11 @@ type state struct {
 	truncated bool // the prompt was longer than maxBlocksPerRequest
 	pending   pendingRecord
 	resolved  bool // response headers seen: committed or dropped
+	// What was predicted for the picked endpoint, for the server's evidence (evidence.go).
+	picked      *router.Endpoint
+	predicted   int    // leading blocks the index held there (pending records excluded)
+	predStamp   uint32 // the last of them: when the endpoint last used it, in commits
+	hasPredStmp bool
 }
 
 // New returns the plugin. reg may be nil (no metrics).
@@ -103,9 +124,7 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 		pending: newPendingSet(p.PendingTTL.D()),
 		now:     time.Now,
 	}
-	if p.CalibrateCapacity {
-		pl.calib = newCalibration(p.LRUCapacityPerEndpoint, pl.index.SetCapacityAll)
-	}
+	pl.caps = newCapacities(pl.index, p)
 	pl.metrics = newPluginMetrics(pl, reg)
 	return pl, nil
 }
@@ -192,6 +211,7 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 	}
 	st.pending = pendingRecord{hashes: st.hashes, ep: ep}
 	pl.pending.add(&st.pending, pl.now())
+	pl.recordPrediction(st, ep)
 }
 
 // ResponseHeaders commits the prompt's blocks to the endpoint that served it when the status is
@@ -209,15 +229,18 @@ func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, 
 	pl.index.InsertIf(served.Slot, st.hashes, func() bool { return !served.Removed() })
 }
 
-// Usage implements router.UsageObserver (calibrate.go).
-func (pl *Plugin) Usage(req *router.Request, _ *router.Endpoint, u openai.Usage) {
+// Usage implements router.UsageObserver (calibrate.go, evidence.go).
+func (pl *Plugin) Usage(req *router.Request, served *router.Endpoint, u openai.Usage) {
 	if pl.metrics != nil {
 		pl.metrics.observeUsage(u)
 	}
 	if st := pl.state(req); st != nil {
-		pl.usage(st, u)
+		pl.usage(st, served, u)
 	}
 }
+
+// MetricsUpdated sizes the endpoint's share of the index from the KV cache its server reports.
+func (pl *Plugin) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) { pl.caps.metrics(ep, m) }
 
 // Done drops whatever the request still holds and recycles its state.
 func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
@@ -228,14 +251,20 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 	pl.pending.remove(&st.pending)
 	req.Set(stateKey, nil)
 	st.pending = pendingRecord{}
+	st.picked = nil
 	pl.states.Put(st)
 }
 
-// EndpointsChanged frees everything the index holds for removed endpoints.
-func (pl *Plugin) EndpointsChanged(_, removed []*router.Endpoint) {
+// EndpointsChanged frees everything the index holds for removed endpoints and re-plans the
+// capacities (the pool-wide bound is shared by the endpoints there are).
+func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
 	for _, e := range removed {
 		pl.index.RemoveEndpoint(e.Slot)
+		if pl.metrics != nil {
+			pl.metrics.forget(e)
+		}
 	}
+	pl.caps.endpoints(added, removed)
 }
 
 // PendingCount is the number of live pending records (for tests and metrics).

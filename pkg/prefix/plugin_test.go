@@ -268,6 +268,7 @@ func TestUsageReportsRescaleCapacity(t *testing.T) {
 				pl.Usage(req, eps[0], openai.Usage{PromptTokens: tokens})
 				pl.Done(req, eps[0])
 			}
+			pl.caps.settle()
 			if got := pl.Index().Capacity(); got < tc.want*99/100 || got > tc.want*101/100 {
 				t.Errorf("capacity %d, want %d (±1%%)", got, tc.want)
 			}
@@ -294,6 +295,7 @@ func TestUsageOfShortOrTruncatedPromptsIsIgnored(t *testing.T) {
 			pl.Done(req, eps[0])
 		}
 	}
+	pl.caps.settle()
 	if got := pl.Index().Capacity(); got != 10000 {
 		t.Errorf("capacity %d: reports of short or truncated prompts must not calibrate", got)
 	}

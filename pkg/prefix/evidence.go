@@ -1,0 +1,67 @@
+package prefix
+
+import (
+	"github.com/kvpick/kvpick/pkg/openai"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// The index predicts which prompt blocks an endpoint holds; the server says, in
+// usage.prompt_tokens_details.cached_tokens, how much of the prompt it really found (vLLM with
+// --enable-prompt-tokens-details; absent means unknown, never zero). When it found clearly less
+// than the index promised, the blocks past what it found had been evicted there — and since
+// both the server and the index evict least recently used first, so had every block the index
+// last used for that endpoint no later than the last predicted block: the index drops them
+// (Index.TrimOlder), so that it stops promising, to later requests, what the server no longer
+// has. This is what makes a capacity set too large (no cache size reported, lruCapacityPerEndpoint
+// wrong) correct itself: the index's tail is cut back to what the server keeps whenever a
+// report shows the difference.
+//
+// The request's own blocks are not affected: they were committed again when its response
+// began, the server having recomputed them.
+const (
+	// A report counts as evidence of eviction only when it falls short of the prediction by more
+	// than evidenceSlackBlocks plus evidenceTolerance of it: the picker's 64-byte blocks never
+	// align exactly with the server's 16-token blocks (chat template, tokenizer), and vLLM
+	// recomputes the last prompt token, so a full hit reads up to a block short.
+	evidenceSlackBlocks = 2
+	evidenceTolerance   = 0.1
+)
+
+// recordPrediction notes, at pick, what the index promised for ep: the leading blocks it held
+// (pending records excluded: those are promises about a prefill in progress, not the cache)
+// and when ep last used the last of them.
+func (pl *Plugin) recordPrediction(st *state, ep *router.Endpoint) {
+	st.picked, st.predicted, st.hasPredStmp = ep, 0, false
+	if !st.scored || ep.Slot >= len(st.committed) {
+		return
+	}
+	n := int(st.committed[ep.Slot])
+	if n < max(pl.p.MinMatchBlocks, 1) {
+		return
+	}
+	st.predicted = n
+	st.predStamp, st.hasPredStmp = pl.index.Stamp(ep.Slot, st.hashes[n-1])
+}
+
+// evidence compares the server's cached_tokens with the prediction and trims the endpoint's
+// entries when the server holds less.
+func (pl *Plugin) evidence(st *state, served *router.Endpoint, u openai.Usage) {
+	if !u.HasCached || served == nil || served != st.picked || served.Removed() {
+		return
+	}
+	tpb := pl.caps.tokensPerIndexBlock()
+	if pl.metrics != nil {
+		pl.metrics.observeEvidence(served, float64(st.predicted)*tpb, float64(u.CachedTokens))
+	}
+	if !pl.p.EvictionEvidence || st.predicted == 0 || !st.hasPredStmp {
+		return
+	}
+	found := float64(u.CachedTokens) / tpb
+	if found >= float64(st.predicted)*(1-evidenceTolerance)-evidenceSlackBlocks {
+		return
+	}
+	evicted, _ := pl.index.TrimOlder(served.Slot, st.predStamp)
+	if pl.metrics != nil {
+		pl.metrics.observeTrim(served, evicted)
+	}
+}
