@@ -7,7 +7,7 @@ import (
 
 func TestBufferClassesHoldTheBytesWithinFourTimes(t *testing.T) {
 	s := &Server{}
-	for _, c := range []int{16 << 10, 20 << 10, 64 << 10, 100 << 10, 256 << 10, 1 << 20} {
+	for _, c := range []int{16 << 10, 64 << 10, 256 << 10, 1 << 20} {
 		s.putBuf(make([]byte, 0, c))
 	}
 	for _, n := range []int{0, 1, 16 << 10, 16<<10 + 1, 64 << 10, 200 << 10, 1 << 20} {
@@ -15,7 +15,7 @@ func TestBufferClassesHoldTheBytesWithinFourTimes(t *testing.T) {
 		if cap(b) < n || len(b) != 0 {
 			t.Fatalf("classBuf(%d): len %d cap %d", n, len(b), cap(b))
 		}
-		if cap(b) > 4*max(16<<10, n) {
+		if cap(b) > max(16<<10, 4*n) {
 			t.Fatalf("a %d-byte body got a %d-byte buffer", n, cap(b))
 		}
 	}
@@ -59,5 +59,16 @@ func TestAppendBodyKeepsTheBytesAndStopsAtTheLimit(t *testing.T) {
 	}
 	if cap(buf) > 3000<<10 {
 		t.Fatalf("grew to %d bytes, past the 3000 KiB limit", cap(buf))
+	}
+}
+
+func TestBuffersBetweenClassesAreFiledUnderTheClassTheyCover(t *testing.T) {
+	s := &Server{}
+	s.putBuf(make([]byte, 0, 20<<10))  // covers the 16 KiB class
+	s.putBuf(make([]byte, 0, 100<<10)) // covers the 64 KiB class
+	for _, n := range []int{16 << 10, 64 << 10} {
+		if b := s.classBuf(n); cap(b) < n {
+			t.Fatalf("classBuf(%d) handed out %d bytes", n, cap(b))
+		}
 	}
 }

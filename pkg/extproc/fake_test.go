@@ -9,6 +9,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,8 +31,10 @@ type scriptStream struct {
 	// cancelAt, when >= 0, cancels the stream instead of delivering in[cancelAt].
 	cancelAt int
 	failSend int // -1: never
-	next     int
-	out      []*extprocv3.ProcessingResponse
+	// onRecv, when set, runs at each Recv with the number of messages delivered so far.
+	onRecv func(delivered int)
+	next   int
+	out    []*extprocv3.ProcessingResponse
 }
 
 func newScript(msgs ...*extprocv3.ProcessingRequest) *scriptStream {
@@ -42,6 +45,9 @@ func newScript(msgs ...*extprocv3.ProcessingRequest) *scriptStream {
 func (s *scriptStream) Context() context.Context { return s.ctx }
 
 func (s *scriptStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if s.onRecv != nil {
+		s.onRecv(s.next)
+	}
 	if s.next == s.cancelAt {
 		s.cancel()
 	}
@@ -114,6 +120,35 @@ func inFlight(p *pool.Pool) int64 {
 		n += e.InFlight()
 	}
 	return n
+}
+
+// metricValue sums a counter's or gauge's series whose labels include labels (name, value, ...).
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || (lp.GetName() == labels[i] && lp.GetValue() == labels[i+1])
+				}
+				if !found {
+					continue series
+				}
+			}
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
 }
 
 // Message builders, as a proxy would send them.

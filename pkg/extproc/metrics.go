@@ -11,6 +11,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	decision prometheus.Histogram
 	streams  prometheus.Gauge
+	panics   prometheus.Counter
 }
 
 // NewMetrics registers the server's metrics with reg.
@@ -31,8 +32,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvpick_open_streams",
 			Help: "ext_proc streams currently open.",
 		}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvpick_extproc_panics_total",
+			Help: "Panics recovered while handling a stream (a bug: the stream failed, the picker went on).",
+		}),
 	}
-	reg.MustRegister(m.requests, m.decision, m.streams)
+	reg.MustRegister(m.requests, m.decision, m.streams, m.panics)
 	return m
 }
 

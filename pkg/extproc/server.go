@@ -120,14 +120,20 @@ type stream struct {
 
 // Process handles one HTTP request's stream. It returns when the proxy half-closes the stream
 // (status OK), after an ImmediateResponse, or when the stream is cancelled; in every case the
-// request leaves the pipeline's accounting before Process returns.
-func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+// request leaves the pipeline's accounting before Process returns. A panic (a plugin's bug)
+// fails this stream alone (recovered).
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err error) {
 	st := &stream{s: s, srv: srv, ctx: srv.Context(), log: s.opt.Log, started: time.Now()}
 	if m := s.opt.Metrics; m != nil {
 		m.streams.Inc()
 		defer m.streams.Dec()
 	}
-	defer st.finish()
+	defer func() {
+		if r := recover(); r != nil {
+			err = st.recovered(r)
+		}
+		st.finish()
+	}()
 	for {
 		msg, err := srv.Recv()
 		if err == io.EOF {
@@ -178,7 +184,11 @@ func (st *stream) handle(msg *extprocv3.ProcessingRequest) (done bool, err error
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		return false, st.onResponseBody(r.ResponseBody)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		return false, st.srv.Send(responseTrailersResponse())
+		if err := st.srv.Send(responseTrailersResponse()); err != nil {
+			return false, err
+		}
+		st.reportUsage() // trailers end the response
+		return false, nil
 	default:
 		// A message carrying only flow-control fields needs no answer.
 		return false, nil
@@ -533,10 +543,19 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 		st.s.pipe.FirstByte(&st.req, st.decision.Endpoint, st.servedAddr)
 	}
 	st.keepUsageTail(b.GetBody())
+	var err error
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return st.srv.Send(responseBodyResponse(streamed(b.GetBody(), b.GetEndOfStream())))
+		err = st.srv.Send(responseBodyResponse(streamed(b.GetBody(), b.GetEndOfStream())))
+	} else {
+		err = st.srv.Send(responseBodyResponse(&extprocv3.CommonResponse{}))
 	}
-	return st.srv.Send(responseBodyResponse(&extprocv3.CommonResponse{}))
+	if err == nil && b.GetEndOfStream() {
+		// The response is over and its last chunk passed on: hand its usage report to the
+		// plugins now, so that the stream's end only has to take the request out of the
+		// accounting.
+		st.reportUsage()
+	}
+	return err
 }
 
 // keepUsageTail keeps the last openai.UsageTailBytes of a successful response's body, where the
@@ -561,16 +580,20 @@ func (st *stream) keepUsageTail(chunk []byte) {
 	*st.usageTail = t
 }
 
-// reportUsage hands the server's usage report, if the response ended with one, to the pipeline.
+// reportUsage hands the server's usage report, if the response ended with one, to the pipeline,
+// once: at the response's end, or at the stream's end for a response whose end the picker does
+// not see (BUFFERED_PARTIAL cut it, the stream was cancelled).
 func (st *stream) reportUsage() {
-	if st.usageTail == nil {
+	tail := st.usageTail
+	if tail == nil {
 		return
 	}
-	if u, ok := openai.ParseUsage(*st.usageTail); ok {
+	st.usageTail = nil // once, even if a plugin panics
+	u, ok := openai.ParseUsage(*tail)
+	st.s.putTail(tail)
+	if ok {
 		st.s.pipe.Usage(&st.req, st.decision.Endpoint, st.servedAddr, u)
 	}
-	st.s.putTail(st.usageTail)
-	st.usageTail = nil
 }
 
 // id is the request id as a log field. Fields are built per log line rather than with a child
@@ -591,8 +614,8 @@ func (st *stream) releaseBody() {
 // finish runs once the stream is over, however it ended.
 func (st *stream) finish() {
 	if st.scheduled {
-		st.reportUsage()
-		st.s.pipe.Done(&st.req, st.decision.Endpoint)
+		st.deliverUsage()
+		st.done()
 	}
 	// A stream that ended before its request headers (observability mode) is no request.
 	if m := st.s.opt.Metrics; m != nil && (st.phase != phaseStart || st.outcome != "") {
