@@ -12,6 +12,7 @@ type Metrics struct {
 	decision prometheus.Histogram
 	streams  prometheus.Gauge
 	panics   prometheus.Counter
+	degraded *prometheus.CounterVec
 }
 
 // NewMetrics registers the server's metrics with reg.
@@ -36,8 +37,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvpick_extproc_panics_total",
 			Help: "Panics recovered while handling a stream (a bug: the stream failed, the picker went on).",
 		}),
+		degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvpick_extproc_degraded_mode_streams_total",
+			Help: "Routed requests whose stream showed a processing mode that breaks the picker's accounting: " +
+				"response_body_none (the stream ended at the response headers: the request stopped counting in flight " +
+				"while it was generated), response_headers_skipped (the picker never saw the response: nothing was " +
+				"committed to the prefix index). Fix the proxy's processing_mode (README, Envoy).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.requests, m.decision, m.streams, m.panics)
+	for _, r := range degradedReasons {
+		m.degraded.WithLabelValues(r) // export zeros: an alert can tell "none" from "not scraped"
+	}
+	reg.MustRegister(m.requests, m.decision, m.streams, m.panics, m.degraded)
 	return m
 }
 

@@ -51,6 +51,8 @@ type Server struct {
 	bufs    [(maxBufClass-minBufClass)/2 + 1]sync.Pool
 	tails   sync.Pool // *[]byte of capacity openai.UsageTailBytes
 	once    sync.Once
+	// warned: one warning per degraded-mode reason (degraded.go).
+	warned [len(degradedReasons)]sync.Once
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -114,8 +116,10 @@ type stream struct {
 	servedAddr string  // the endpoint the proxy reports as served ("" when it does not say)
 	usageTail  *[]byte // the end of a 2xx response body, for its usage report (nil: not wanted)
 	firstByte  bool    // the response body's first byte was reported to the pipeline
-	outcome    string  // for metrics
-	started    time.Time
+	// What the response side showed, to tell a proxy that does not send it (degraded.go).
+	respHeadersSeen, respHeadersEnd, respRestSeen, halfClosed bool
+	outcome                                                   string // for metrics
+	started                                                   time.Time
 }
 
 // Process handles one HTTP request's stream. It returns when the proxy half-closes the stream
@@ -137,6 +141,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 	for {
 		msg, err := srv.Recv()
 		if err == io.EOF {
+			st.halfClosed = true
 			return nil
 		}
 		if err != nil {
@@ -180,10 +185,13 @@ func (st *stream) handle(msg *extprocv3.ProcessingRequest) (done bool, err error
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return st.onRequestTrailers()
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.respHeadersSeen, st.respHeadersEnd = true, r.ResponseHeaders.GetEndOfStream()
 		return false, st.onResponseHeaders(msg, r.ResponseHeaders)
 	case *extprocv3.ProcessingRequest_ResponseBody:
+		st.respRestSeen = true
 		return false, st.onResponseBody(r.ResponseBody)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.respRestSeen = true
 		if err := st.srv.Send(responseTrailersResponse()); err != nil {
 			return false, err
 		}
@@ -616,6 +624,7 @@ func (st *stream) finish() {
 	if st.scheduled {
 		st.deliverUsage()
 		st.done()
+		st.reportDegraded()
 	}
 	// A stream that ended before its request headers (observability mode) is no request.
 	if m := st.s.opt.Metrics; m != nil && (st.phase != phaseStart || st.outcome != "") {
