@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -583,13 +582,6 @@ func TestRealClock(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no result in real time")
-	}
-}
-
-func TestResultJSONable(t *testing.T) {
-	// Results travel into benchmark reports.
-	if _, err := json.Marshal(Result{}); err != nil {
-		t.Fatal(err)
 	}
 }
 
