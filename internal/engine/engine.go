@@ -18,58 +18,84 @@ type Config struct {
 	BlockSize int
 	// NumGPUBlocks is the KV cache capacity in blocks.
 	NumGPUBlocks int
-	// MaxNumSeqs is the batch limit: at most this many requests run at once.
+	// MaxNumSeqs is the batch limit: at most this many requests run at once
+	// (vLLM's max_num_seqs).
 	MaxNumSeqs int
+	// MaxNumBatchedTokens is the token budget of one engine step (vLLM's
+	// max_num_batched_tokens): running requests' tokens are scheduled
+	// first, then waiting requests' prefill chunks fill the rest. It must
+	// be at least MaxNumSeqs, as vLLM requires.
+	MaxNumBatchedTokens int
 	// MaxWaiting bounds the waiting queue: Submit fails with ErrOverloaded
-	// when this many requests already wait. 0 means no bound.
+	// when this many requests already wait. 0 means no bound (vLLM has
+	// none).
 	MaxWaiting int
 	// MaxModelLen bounds prompt + output tokens (ErrTooLong beyond).
 	// 0 means NumGPUBlocks × BlockSize.
 	MaxModelLen int
 
-	// PrefillPerToken is the GPU time to prefill one uncached prompt token.
+	// StepOverhead is the fixed cost of every engine step (scheduling,
+	// kernel launches): a step lasts
+	//
+	//	StepOverhead + prefill tokens × PrefillPerToken + decode(d)
+	//
+	// where decode(d) is the decode term of d decoding requests.
+	StepOverhead time.Duration
+	// PrefillPerToken is the GPU time to compute one prompt token that was
+	// not in the prefix cache.
 	PrefillPerToken time.Duration
-	// PrefillOverhead is a fixed cost per prefill (one scheduler step).
-	PrefillOverhead time.Duration
-	// DecodePerToken is the time between output tokens with a batch of one.
+	// DecodePerToken is the decode term of a step with one decoding
+	// request: a request decoding alone gets a token every StepOverhead +
+	// DecodePerToken.
 	DecodePerToken time.Duration
-	// DecodeBatchPenalty slows decoding as the batch fills: a full batch
-	// decodes (1 + DecodeBatchPenalty) times slower than a batch of one.
+	// DecodeBatchPenalty grows the decode term with the batch: with
+	// MaxNumSeqs decoding requests it is (1 + DecodeBatchPenalty) ×
+	// DecodePerToken, linear in between.
 	DecodeBatchPenalty float64
 
 	// OutputTokensMin and OutputTokensMax bound the output length chosen
 	// from the prompt's hash when a request gives no max_tokens.
 	OutputTokensMin, OutputTokensMax int
 
-	// ErrorRate is the fraction of requests that fail (ErrInjected) before
-	// any output.
+	// ErrorRate is the fraction of requests that Submit refuses with
+	// ErrInjected (the server answers 500 before any output).
 	ErrorRate float64
-	// SlowRate is the fraction of requests that run SlowFactor times slower
-	// (their own prefill wait and decode; they do not hold the GPU longer).
+	// LateErrorRate is the fraction of requests that fail after producing
+	// half their output (at least one token): Done reports OutcomeError
+	// (a streaming server has already sent 200 and some events).
+	LateErrorRate float64
+	// SlowRate is the fraction of requests that run SlowFactor times
+	// slower once admitted: the scheduler gives them tokens in only one
+	// step in SlowFactor (their prefill chunks after the first, and their
+	// decodes), so they hold their batch slot and blocks that much longer
+	// without slowing the steps of others.
 	SlowRate, SlowFactor float64
-	// HangRate is the fraction of requests that are admitted but never
-	// produce output; they end only when cancelled.
+	// HangRate is the fraction of requests that are admitted (they take a
+	// batch slot and their prompt's blocks) but never get a token; they end
+	// only when cancelled.
 	HangRate float64
 	// Seed makes failure injection reproducible.
 	Seed uint64
 }
 
-// DefaultConfig returns a configuration that keeps a laptop demo snappy.
+// DefaultConfig returns a configuration that keeps a laptop demo snappy: a
+// token every 3 ms decoding alone, 20 µs per prompt token.
 func DefaultConfig() Config {
 	return Config{
-		Model:              "meta-llama/Llama-3.1-8B-Instruct",
-		BlockSize:          16,
-		NumGPUBlocks:       8000,
-		MaxNumSeqs:         64,
-		MaxWaiting:         1000,
-		PrefillPerToken:    20 * time.Microsecond,
-		PrefillOverhead:    time.Millisecond,
-		DecodePerToken:     2 * time.Millisecond,
-		DecodeBatchPenalty: 0.5,
-		OutputTokensMin:    16,
-		OutputTokensMax:    64,
-		SlowFactor:         4,
-		Seed:               1,
+		Model:               "meta-llama/Llama-3.1-8B-Instruct",
+		BlockSize:           16,
+		NumGPUBlocks:        8000,
+		MaxNumSeqs:          64,
+		MaxNumBatchedTokens: 2048,
+		MaxWaiting:          1000,
+		StepOverhead:        time.Millisecond,
+		PrefillPerToken:     20 * time.Microsecond,
+		DecodePerToken:      2 * time.Millisecond,
+		DecodeBatchPenalty:  0.5,
+		OutputTokensMin:     16,
+		OutputTokensMax:     64,
+		SlowFactor:          4,
+		Seed:                1,
 	}
 }
 
@@ -83,14 +109,19 @@ func (c *Config) validate() error {
 		return fmt.Errorf("engine: num GPU blocks %d < 1", c.NumGPUBlocks)
 	case c.MaxNumSeqs < 1:
 		return fmt.Errorf("engine: max num seqs %d < 1", c.MaxNumSeqs)
+	case c.MaxNumBatchedTokens < c.MaxNumSeqs:
+		return fmt.Errorf("engine: max num batched tokens %d < max num seqs %d", c.MaxNumBatchedTokens, c.MaxNumSeqs)
 	case c.MaxWaiting < 0 || c.MaxModelLen < 0:
 		return errors.New("engine: negative limit")
-	case c.PrefillPerToken < 0 || c.PrefillOverhead < 0 || c.DecodePerToken < 0 || c.DecodeBatchPenalty < 0:
+	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.DecodePerToken < 0 || c.DecodeBatchPenalty < 0:
 		return errors.New("engine: negative timing")
+	case c.StepOverhead+c.PrefillPerToken <= 0 || c.StepOverhead+c.DecodePerToken <= 0:
+		// A step must take time, or a virtual clock would never advance.
+		return errors.New("engine: steps must take time (step overhead, prefill or decode per token)")
 	case c.OutputTokensMin < 1 || c.OutputTokensMax < c.OutputTokensMin:
 		return fmt.Errorf("engine: output range [%d, %d] invalid", c.OutputTokensMin, c.OutputTokensMax)
 	}
-	for _, r := range []float64{c.ErrorRate, c.SlowRate, c.HangRate} {
+	for _, r := range []float64{c.ErrorRate, c.LateErrorRate, c.SlowRate, c.HangRate} {
 		if r < 0 || r > 1 {
 			return fmt.Errorf("engine: rate %v outside [0, 1]", r)
 		}
@@ -121,7 +152,7 @@ const (
 	OutcomeStop       Outcome = "stop"       // finished at the length the engine chose
 	OutcomeLength     Outcome = "length"     // finished at max_tokens
 	OutcomeAbort      Outcome = "abort"      // cancelled by the caller
-	OutcomeError      Outcome = "error"      // injected failure (ErrInjected)
+	OutcomeError      Outcome = "error"      // failed: refused by injection (ErrInjected) or after some output (LateErrorRate)
 	OutcomeOverloaded Outcome = "overloaded" // refused: waiting queue full
 	OutcomeInvalid    Outcome = "invalid"    // refused: empty or too long
 )
@@ -143,38 +174,44 @@ type Request struct {
 	CacheSalt string
 }
 
-// Result describes a request. Times are model times on the engine's clock
-// (when a real clock's timers fire late, results still show the model's
-// schedule).
+// Result describes a request. Times are model times on the engine's clock:
+// token times are the ends of the engine steps that produced them.
 type Result struct {
 	ID      string
 	Outcome Outcome // empty until Done
 
 	PromptTokens int
-	// CachedTokens is the prefix-cache hit: leading cached blocks × block
-	// size (the server's usage.prompt_tokens_details.cached_tokens).
+	// CachedTokens is the prefix-cache hit when the request was first
+	// scheduled: leading cached blocks × block size (the server's
+	// usage.prompt_tokens_details.cached_tokens).
 	CachedTokens int
 	// PlannedTokens is the output length the engine chose.
 	PlannedTokens int
-	// CompletionTokens is the number of output tokens produced (by Done).
+	// CompletionTokens is the number of output tokens produced so far
+	// (all of them by Done).
 	CompletionTokens int
+	// Preemptions counts the times the request lost its KV blocks and went
+	// back to the waiting queue.
+	Preemptions int
 
-	Arrival      time.Time // Submit
-	Admitted     time.Time // got a batch slot and its KV blocks
-	PrefillStart time.Time // the GPU began its prefill
-	FirstToken   time.Time // first output token
-	End          time.Time // last output token, or cancellation
+	Arrival time.Time // Submit
+	// Admitted is when the request was first scheduled (its first prefill
+	// chunk, or its admission if it hangs); PrefillStart is the same time,
+	// kept under the name that says what starts then.
+	Admitted     time.Time
+	PrefillStart time.Time
+	FirstToken   time.Time // end of the step that produced the first token
+	LastToken    time.Time // end of the step that produced the latest token
+	End          time.Time // last output token, failure, or cancellation
 
-	// InterTokenLatency is the time between output tokens.
-	InterTokenLatency time.Duration
 	// OutputSeed determines the output text: see Text.
 	OutputSeed uint64
 
 	Slow, Hung bool
 }
 
-// QueueWait is the time from arrival to the start of prefill (batch slot,
-// KV blocks and the GPU's prefill queue).
+// QueueWait is the time from arrival to the first scheduled prefill chunk
+// (vLLM's request_queue_time).
 func (r Result) QueueWait() time.Duration {
 	if r.PrefillStart.IsZero() {
 		return 0
@@ -198,94 +235,66 @@ func (r Result) Latency() time.Duration {
 	return r.End.Sub(r.Arrival)
 }
 
-// TokenTime is when output token i (0-based) is produced.
-func (r Result) TokenTime(i int) time.Time {
-	return r.FirstToken.Add(time.Duration(i) * r.InterTokenLatency)
-}
-
 // Text is the text of output tokens [from, to). It re-tokenizes to the
 // same token ids the engine cached.
 func (r Result) Text(from, to int) string { return OutputText(r.OutputSeed, from, to) }
 
-// Callbacks receive a request's progress. They run without engine locks
-// held: on the clock's goroutine (a RealClock timer, or the VirtualClock
-// driver), or inside Handle.Cancel. Either may be nil.
+// Callbacks receive a request's progress, in order (FirstToken, Token for
+// every token, Done), each with a copy of the request's Result at that
+// moment. They run without engine locks held, on the goroutine delivering
+// the engine's events (the clock's, or the one calling Handle.Cancel); they
+// must not block. Any may be nil.
 type Callbacks struct {
-	// FirstToken fires when the prompt is processed and the first token is
-	// out; the Result's FirstToken, InterTokenLatency and PlannedTokens
-	// give the whole output schedule, which a streaming server paces by.
+	// FirstToken fires at the end of the step that completes the prompt's
+	// prefill: the first output token is out.
 	FirstToken func(Result)
+	// Token fires for every output token i (0-based) as the step that
+	// produced it ends; res.CompletionTokens is i+1. A streaming server
+	// writes its events from it.
+	Token func(res Result, i int)
 	// Done fires exactly once for every accepted request, when its last
-	// token is out or when it is cancelled (Outcome says which).
+	// token is out, when it fails, or when it is cancelled (Outcome says
+	// which).
 	Done func(Result)
 }
 
-// Histogram is a snapshot of a histogram: Counts[i] observations fell at or
-// below Bounds[i] (and above the previous bound); Counts[len(Bounds)] above
-// the last bound.
-type Histogram struct {
-	Bounds []float64
-	Counts []uint64
-	Count  uint64
-	Sum    float64
-}
-
-// TTFTBuckets are vLLM's bucket bounds (seconds) for
-// vllm:time_to_first_token_seconds.
-var TTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-	2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
-
-func (h *Histogram) observe(v float64) {
-	i := 0
-	for i < len(h.Bounds) && v > h.Bounds[i] {
-		i++
-	}
-	h.Counts[i]++
-	h.Count++
-	h.Sum += v
-}
-
-// Stats is a snapshot of the counters a vLLM replica exports.
-type Stats struct {
-	Running, Waiting int
-	// KVUsage is the fraction of blocks referenced by running requests
-	// (vllm:kv_cache_usage_perc, 0..1); cached but unreferenced blocks
-	// count as free, as in vLLM.
-	KVUsage      float64
-	NumGPUBlocks int
-	BlockSize    int
-	// CachedBlocks is how many blocks hold a cached key.
-	CachedBlocks int
-	// PrefixCacheQueries and PrefixCacheHits are in tokens, counted once
-	// per admitted request (vllm:prefix_cache_queries/hits).
-	PrefixCacheQueries, PrefixCacheHits uint64
-	// PromptTokens and GenerationTokens count tokens of admitted requests
-	// and produced output.
-	PromptTokens, GenerationTokens uint64
-	// Outcomes counts requests by how they ended, including refusals.
-	Outcomes map[Outcome]uint64
-	TTFT     Histogram
-}
-
-// Engine simulates one vLLM replica: a FIFO waiting queue, a batch of at
-// most MaxNumSeqs running requests, a paged KV cache with prefix caching,
-// and the timing model described in the package doc. It is safe for
-// concurrent use.
+// Engine simulates one vLLM V1 replica: a FIFO waiting queue, a batch of at
+// most MaxNumSeqs running requests scheduled step by step under a token
+// budget (chunked prefill), a paged KV cache with prefix caching and
+// preemption, and the timing model described in the package doc. It is safe
+// for concurrent use.
 type Engine struct {
 	cfg   Config
 	clock Clock
 
-	mu       sync.Mutex
-	pool     *blockPool
-	waiting  list.List // of *request
-	running  int
-	laneFree time.Time // when the GPU's prefill queue drains
-	rng      *rand.Rand
-	nextID   uint64
+	mu      sync.Mutex
+	pool    *blockPool
+	waiting list.List  // of *request, FIFO; preempted requests go back to the front
+	running []*request // in admission order (vLLM's running list)
+	rng     *rand.Rand
+	nextID  uint64
 
-	queries, hits, promptToks, genToks uint64
-	outcomes                           map[Outcome]uint64
-	ttft                               Histogram
+	// The step loop: busy while a step is planned or in flight (its timer
+	// is pending); step holds the requests it scheduled.
+	busy     bool
+	inFlight bool
+	stepEnd  time.Time
+	step     []*request
+	// pendingPrefill is Σ request.pend: prompt tokens not yet computed of
+	// waiting and prefilling requests.
+	pendingPrefill int
+
+	// outbox holds callbacks to run once the lock is released; delivering
+	// is set while one goroutine runs them, so they run in order.
+	outbox, spare []event
+	delivering    bool
+
+	keyBuf []byte
+	tokBuf []uint32
+
+	queries, hits, promptToks, genToks, preemptions uint64
+	outcomes                                        map[Outcome]uint64
+	hist                                            histograms
 }
 
 // New returns an engine on clock (RealClock{} for real time, a
@@ -303,10 +312,9 @@ func New(cfg Config, clock Clock) (*Engine, error) {
 		pool:     newBlockPool(cfg.NumGPUBlocks),
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed5eed5eed5eed)),
 		outcomes: make(map[Outcome]uint64, len(AllOutcomes)),
-		ttft: Histogram{
-			Bounds: TTFTBuckets,
-			Counts: make([]uint64, len(TTFTBuckets)+1),
-		},
+		hist:     newHistograms(cfg.MaxModelLen),
+		keyBuf:   make([]byte, 0, 8+4*cfg.BlockSize),
+		tokBuf:   make([]uint32, 0, cfg.BlockSize),
 	}
 	e.waiting.Init()
 	return e, nil
@@ -322,27 +330,40 @@ type reqState uint8
 
 const (
 	stWaiting reqState = iota
-	stPrefill
-	stDecode
-	stHung
+	stRunning
 	stDone
 )
 
 type request struct {
-	state   reqState
-	elem    *list.Element
-	timer   Timer
-	prompt  []uint32
-	root    uint64
-	keys    []uint64 // keys of the prompt's full blocks
-	n       int      // planned output tokens
-	reason  Outcome  // stop or length
-	slow    float64
-	blocks  []int32 // physical block of each logical block
-	prefill time.Duration
-	res     Result
-	cb      Callbacks
+	state  reqState
+	elem   *list.Element // in waiting
+	prompt []uint32
+	root   uint64
+	// keys are the chained keys of the request's full blocks known so far:
+	// the prompt's at Submit, extended over the output as it is computed.
+	keys   []uint64
+	n      int     // planned output tokens
+	reason Outcome // stop or length
+
+	produced int // output tokens produced
+	computed int // tokens whose KV is computed or scheduled (vLLM's num_computed_tokens)
+	sched    int // tokens scheduled in the step in flight
+	blocks   []int32
+	nreg     int // leading blocks registered in the prefix cache
+	pend     int // this request's share of Engine.pendingPrefill
+	admitted bool
+
+	hung    bool
+	slowInc float64 // credit per step (1/SlowFactor) of a slow request; 0 if not slow
+	credit  float64
+	failAt  int // fail once this many tokens are out (LateErrorRate); 0: never
+
+	res Result
+	cb  Callbacks
 }
+
+// numTokens is the request's token count so far: prompt and output.
+func (r *request) numTokens() int { return len(r.prompt) + r.produced }
 
 // Handle refers to an accepted request.
 type Handle struct {
@@ -353,13 +374,15 @@ type Handle struct {
 // ID returns the request's id.
 func (h *Handle) ID() string { return h.r.res.ID }
 
-// Cancel aborts the request if it has not ended (the client went away):
-// it leaves the queue or frees its batch slot and unpins its blocks, and
-// Done fires with OutcomeAbort. Cancelling an ended request does nothing.
+// Cancel aborts the request if it has not ended (the client went away), as
+// vLLM aborts a request whose client disconnected: it leaves the waiting
+// queue or the batch at once, its blocks are freed (the full ones it
+// computed stay cached), and Done fires with OutcomeAbort — inside Cancel,
+// or soon after on the goroutine delivering the engine's events if one is
+// busy. Cancelling an ended request does nothing.
 func (h *Handle) Cancel() {
 	e, r := h.e, h.r
 	e.mu.Lock()
-	var res Result
 	switch r.state {
 	case stDone:
 		e.mu.Unlock()
@@ -367,44 +390,28 @@ func (h *Handle) Cancel() {
 	case stWaiting:
 		e.waiting.Remove(r.elem)
 		r.elem = nil
-		r.state = stDone
-		r.res.Outcome = OutcomeAbort
-		r.res.End = e.clock.Now()
-		e.outcomes[OutcomeAbort]++
-		res = r.res
-	default:
-		if r.timer != nil {
-			r.timer.Stop()
-			r.timer = nil
-		}
-		now := e.clock.Now()
-		if r.state == stPrefill && r.res.PrefillStart.Add(r.prefill).Equal(e.laneFree) {
-			// Last in the prefill queue: give back the GPU time it had
-			// not used.
-			e.laneFree = maxTime(r.res.PrefillStart, now)
-		}
-		produced := 0
-		if r.state == stDecode {
-			produced = 1
-			if r.res.InterTokenLatency > 0 {
-				produced += int(now.Sub(r.res.FirstToken) / r.res.InterTokenLatency)
+	case stRunning:
+		for i, x := range e.running {
+			if x == r {
+				e.running = append(e.running[:i], e.running[i+1:]...)
+				break
 			}
-			produced = max(1, min(produced, r.n-1))
 		}
-		res = e.finishLocked(r, OutcomeAbort, produced, now)
+		// A step in flight that scheduled it runs on; its outputs for it
+		// are dropped (state is stDone by then).
 	}
-	cb := r.cb.Done
-	e.mu.Unlock()
-	if cb != nil {
-		cb(res)
-	}
+	e.finishLocked(r, OutcomeAbort, e.clock.Now())
+	e.kickLocked()
+	e.deliverUnlock()
 }
 
 // Submit queues a request. It fails at once, with no callback, with
 // ErrEmptyPrompt or ErrTooLong (HTTP 400), ErrInjected (an injected
 // failure, HTTP 500) or ErrOverloaded (HTTP 503). Otherwise the request
-// waits for a batch slot and KV blocks in FIFO order, and cb reports its
-// progress.
+// waits in FIFO order until a step schedules its first prefill chunk, and
+// cb reports its progress. Submit never runs a step itself: the engine
+// picks the request up in its next step, or in one that starts as soon as
+// the clock runs its events if it was idle.
 func (e *Engine) Submit(req Request, cb Callbacks) (*Handle, error) {
 	bs := e.cfg.BlockSize
 	now := e.clock.Now()
@@ -423,31 +430,38 @@ func (e *Engine) Submit(req Request, cb Callbacks) (*Handle, error) {
 	total := len(req.Prompt) + r.n
 
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	// Draw the same numbers for every submission, so outcomes depend only
 	// on the seed and the order of submissions.
-	fail, hang, slow := e.rng.Float64(), e.rng.Float64(), e.rng.Float64()
+	fail, hang, slow, late := e.rng.Float64(), e.rng.Float64(), e.rng.Float64(), e.rng.Float64()
+	var err error
 	switch {
 	case len(req.Prompt) == 0:
 		e.outcomes[OutcomeInvalid]++
-		return nil, ErrEmptyPrompt
+		err = ErrEmptyPrompt
 	case total > e.cfg.MaxModelLen || (total+bs-1)/bs > e.cfg.NumGPUBlocks:
 		e.outcomes[OutcomeInvalid]++
-		return nil, fmt.Errorf("%w: %d prompt + %d output tokens, limit %d", ErrTooLong, len(req.Prompt), r.n,
+		err = fmt.Errorf("%w: %d prompt + %d output tokens, limit %d", ErrTooLong, len(req.Prompt), r.n,
 			min(e.cfg.MaxModelLen, e.cfg.NumGPUBlocks*bs))
 	case fail < e.cfg.ErrorRate:
 		e.outcomes[OutcomeError]++
-		return nil, ErrInjected
+		err = ErrInjected
 	case e.cfg.MaxWaiting > 0 && e.waiting.Len() >= e.cfg.MaxWaiting:
 		e.outcomes[OutcomeOverloaded]++
-		return nil, ErrOverloaded
+		err = ErrOverloaded
 	}
-	r.slow = 1
-	if slow < e.cfg.SlowRate {
-		r.slow = e.cfg.SlowFactor
+	if err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	if slow < e.cfg.SlowRate && e.cfg.SlowFactor > 1 {
+		r.slowInc = 1 / e.cfg.SlowFactor
 		r.res.Slow = true
 	}
-	r.res.Hung = hang < e.cfg.HangRate
+	r.hung = hang < e.cfg.HangRate
+	r.res.Hung = r.hung
+	if late < e.cfg.LateErrorRate && !r.hung {
+		r.failAt = (r.n + 1) / 2
+	}
 	r.res.ID = req.ID
 	if r.res.ID == "" {
 		r.res.ID = "req-" + strconv.FormatUint(e.nextID, 10)
@@ -457,143 +471,18 @@ func (e *Engine) Submit(req Request, cb Callbacks) (*Handle, error) {
 	r.res.PlannedTokens = r.n
 	r.res.OutputSeed = mix64(ph, 1)
 	r.res.Arrival = now
+	// Until it is scheduled, its uncached prompt is estimated from the
+	// cache as it is now.
+	p := len(req.Prompt)
+	e.setPend(r, p-e.pool.matchCount(r.keys, (p-1)/bs)*bs)
 	r.elem = e.waiting.PushBack(r)
-	e.scheduleLocked(now)
+	e.kickLocked()
+	e.mu.Unlock()
 	return &Handle{e: e, r: r}, nil
 }
 
-// scheduleLocked admits waiting requests in FIFO order while the batch has
-// room and the head's blocks fit (like vLLM, a head that does not fit
-// blocks the queue).
-func (e *Engine) scheduleLocked(now time.Time) {
-	bs := e.cfg.BlockSize
-	for e.waiting.Len() > 0 && e.running < e.cfg.MaxNumSeqs {
-		r := e.waiting.Front().Value.(*request)
-		p := len(r.prompt)
-		// vLLM always recomputes the last prompt token, so at most
-		// (p-1)/bs blocks can hit.
-		hitIDs := e.pool.match(r.keys, (p-1)/bs)
-		need := (p+r.n+bs-1)/bs - len(hitIDs)
-		if need > e.pool.free-e.pool.freeAmong(hitIDs) {
-			return
-		}
-		e.waiting.Remove(r.elem)
-		r.elem = nil
-		e.pool.touch(hitIDs)
-		r.blocks = e.pool.allocate(need, append(make([]int32, 0, len(hitIDs)+need), hitIDs...))
-		// Register the prompt's full blocks now, as vLLM's scheduler does
-		// when it schedules them: a later request can hit them at once.
-		for i := len(hitIDs); i < len(r.keys); i++ {
-			e.pool.register(r.blocks[i], r.keys[i])
-		}
-		cached := len(hitIDs) * bs
-		e.queries += uint64(p)
-		e.hits += uint64(cached)
-		e.promptToks += uint64(p)
-		e.running++
-		r.res.CachedTokens = cached
-		r.res.Admitted = now
-		if r.res.Hung {
-			r.state = stHung
-			continue
-		}
-		r.state = stPrefill
-		// The GPU prefills one request after another: a prompt's uncached
-		// tokens delay every prefill queued behind it.
-		start := maxTime(now, e.laneFree)
-		r.prefill = e.cfg.PrefillOverhead + time.Duration(p-cached)*e.cfg.PrefillPerToken
-		e.laneFree = start.Add(r.prefill)
-		r.res.PrefillStart = start
-		first := start.Add(scale(r.prefill, r.slow))
-		r.res.FirstToken = first
-		r.timer = e.clock.AfterFunc(first.Sub(now), func() { e.onFirstToken(r) })
-	}
-}
-
-func (e *Engine) onFirstToken(r *request) {
-	e.mu.Lock()
-	if r.state != stPrefill {
-		e.mu.Unlock()
-		return
-	}
-	r.state = stDecode
-	// The inter-token latency is fixed at the first token, from the batch
-	// size then.
-	fill := 0.0
-	if e.cfg.MaxNumSeqs > 1 {
-		fill = float64(e.running-1) / float64(e.cfg.MaxNumSeqs-1)
-	}
-	itl := scale(e.cfg.DecodePerToken, r.slow*(1+e.cfg.DecodeBatchPenalty*fill))
-	r.res.InterTokenLatency = itl
-	e.ttft.observe(r.res.TTFT().Seconds())
-	end := r.res.TokenTime(r.n - 1)
-	r.timer = e.clock.AfterFunc(end.Sub(e.clock.Now()), func() { e.onDone(r) })
-	res := r.res
-	cb := r.cb.FirstToken
-	e.mu.Unlock()
-	if cb != nil {
-		cb(res)
-	}
-}
-
-func (e *Engine) onDone(r *request) {
-	e.mu.Lock()
-	if r.state != stDecode {
-		e.mu.Unlock()
-		return
-	}
-	r.timer = nil
-	res := e.finishLocked(r, r.reason, r.n, r.res.TokenTime(r.n-1))
-	cb := r.cb.Done
-	e.mu.Unlock()
-	if cb != nil {
-		cb(res)
-	}
-}
-
-// finishLocked ends a running request that produced `produced` tokens: it
-// caches the full blocks whose KV was computed (the prompt and all output
-// but the last token, which is sampled but never fed back), releases the
-// blocks tail first and lets waiting requests in.
-func (e *Engine) finishLocked(r *request, outcome Outcome, produced int, end time.Time) Result {
-	bs := e.cfg.BlockSize
-	p := len(r.prompt)
-	if computed := p + produced - 1; produced > 0 && computed/bs > len(r.keys) {
-		first := len(r.keys)
-		prev := r.root
-		if first > 0 {
-			prev = r.keys[first-1]
-		}
-		toks := make([]uint32, 0, bs)
-		buf := make([]byte, 0, 8+4*bs)
-		for b := first; b < computed/bs; b++ {
-			toks = toks[:0]
-			for i := b * bs; i < (b+1)*bs; i++ {
-				if i < p {
-					toks = append(toks, r.prompt[i])
-				} else {
-					toks = append(toks, TokenID(OutputPiece(r.res.OutputSeed, i-p)))
-				}
-			}
-			prev = blockKey(buf, prev, toks)
-			e.pool.register(r.blocks[b], prev)
-		}
-	}
-	e.pool.release(r.blocks)
-	r.blocks = nil
-	r.state = stDone
-	e.running--
-	e.genToks += uint64(produced)
-	e.outcomes[outcome]++
-	r.res.Outcome = outcome
-	r.res.CompletionTokens = produced
-	r.res.End = end
-	e.scheduleLocked(e.clock.Now())
-	return r.res
-}
-
 // CachedPrefixTokens returns how many of req's prompt tokens would hit the
-// cache if it were admitted now, without changing anything: an oracle for
+// cache if it were scheduled now, without changing anything: an oracle for
 // comparing a router's estimate with the truth.
 func (e *Engine) CachedPrefixTokens(req Request) int {
 	p := len(req.Prompt)
@@ -603,65 +492,139 @@ func (e *Engine) CachedPrefixTokens(req Request) int {
 	keys := BlockKeys(RootKey(req.CacheSalt), req.Prompt, e.cfg.BlockSize)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return len(e.pool.match(keys, (p-1)/e.cfg.BlockSize)) * e.cfg.BlockSize
+	return e.pool.matchCount(keys, (p-1)/e.cfg.BlockSize) * e.cfg.BlockSize
 }
 
-// Load is the part of Stats a router reads on every decision.
+// Load is what a router in process reads of an engine on every decision:
+// the scheduler's state as vLLM's /metrics shows it, and what an exact
+// oracle needs besides.
 type Load struct {
+	// Running counts requests in the batch (prefilling or decoding);
+	// Waiting those not yet scheduled, or preempted.
 	Running, Waiting int
-	KVUsage          float64
+	// KVUsage is the fraction of KV blocks referenced by running requests.
+	KVUsage float64
+	// FreeBlocks counts blocks a new request can take: free ones and cached
+	// ones no running request references.
+	FreeBlocks int
+	// PendingPrefillTokens is the prompt work queued: tokens of waiting and
+	// partially prefilled requests not yet scheduled. A waiting request
+	// counts its prompt minus the prefix hit it had at Submit (or, if
+	// preempted, at its preemption); once scheduled, minus its real hit.
+	PendingPrefillTokens int
+	// Decoding counts running requests past their prefill (each takes one
+	// token of every step's budget).
+	Decoding int
+	// StepEnd is when the step in flight ends; zero when the engine is
+	// idle.
+	StepEnd time.Time
 }
 
-// Load returns the engine's current load without allocating, for routers
-// in a replay that consult every engine on every request.
+// Load returns the engine's current load without allocating.
 func (e *Engine) Load() Load {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	capacity := e.pool.capacity()
-	return Load{Running: e.running, Waiting: e.waiting.Len(),
-		KVUsage: float64(capacity-e.pool.free) / float64(capacity)}
+	l := Load{Running: len(e.running), Waiting: e.waiting.Len(),
+		KVUsage:              float64(capacity-e.pool.free) / float64(capacity),
+		FreeBlocks:           e.pool.free,
+		PendingPrefillTokens: e.pendingPrefill}
+	for _, r := range e.running {
+		if r.produced > 0 {
+			l.Decoding++
+		}
+	}
+	if e.inFlight {
+		l.StepEnd = e.stepEnd
+	}
+	return l
 }
 
-// Stats returns a snapshot of the engine's counters.
-func (e *Engine) Stats() Stats {
+// RunningRemaining appends to dst, for every running request that will
+// finish (hung ones never do), the output tokens it has yet to produce: an
+// oracle for when batch slots free up.
+func (e *Engine) RunningRemaining(dst []int) []int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	capacity := e.pool.capacity()
-	s := Stats{
-		Running:            e.running,
-		Waiting:            e.waiting.Len(),
-		KVUsage:            float64(capacity-e.pool.free) / float64(capacity),
-		NumGPUBlocks:       capacity,
-		BlockSize:          e.cfg.BlockSize,
-		CachedBlocks:       len(e.pool.cached),
-		PrefixCacheQueries: e.queries,
-		PrefixCacheHits:    e.hits,
-		PromptTokens:       e.promptToks,
-		GenerationTokens:   e.genToks,
-		Outcomes:           make(map[Outcome]uint64, len(AllOutcomes)),
-		TTFT: Histogram{
-			Bounds: e.ttft.Bounds,
-			Counts: append([]uint64(nil), e.ttft.Counts...),
-			Count:  e.ttft.Count,
-			Sum:    e.ttft.Sum,
-		},
+	for _, r := range e.running {
+		if !r.hung {
+			dst = append(dst, r.n-r.produced)
+		}
 	}
-	for _, o := range AllOutcomes {
-		s.Outcomes[o] = e.outcomes[o]
-	}
-	return s
+	return dst
 }
 
-func scale(d time.Duration, f float64) time.Duration {
-	if f == 1 {
-		return d
+// kickLocked starts the step loop if it is idle. The first step runs from
+// a clock event, not here, so that requests submitted at the same instant
+// share it and callers may hold their own locks.
+func (e *Engine) kickLocked() {
+	if e.busy {
+		return
 	}
-	return time.Duration(float64(d) * f)
+	e.busy = true
+	e.clock.AfterFunc(0, e.onStep)
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// setPend sets r's share of the pending prefill.
+func (e *Engine) setPend(r *request, v int) {
+	e.pendingPrefill += v - r.pend
+	r.pend = v
+}
+
+type evKind uint8
+
+const (
+	evFirst evKind = iota
+	evToken
+	evDone
+)
+
+type event struct {
+	kind evKind
+	i    int
+	cb   *Callbacks
+	res  Result
+}
+
+// emitLocked queues r's callback of kind with a copy of its result.
+func (e *Engine) emitLocked(kind evKind, r *request, i int) {
+	switch {
+	case kind == evFirst && r.cb.FirstToken == nil,
+		kind == evToken && r.cb.Token == nil,
+		kind == evDone && r.cb.Done == nil:
+		return
 	}
-	return b
+	e.outbox = append(e.outbox, event{kind: kind, i: i, cb: &r.cb, res: r.res})
+}
+
+// deliverUnlock releases e.mu and runs the queued callbacks, unless another
+// goroutine is running them already (it will run these too, in order).
+// Callbacks may call back into the engine.
+func (e *Engine) deliverUnlock() {
+	if e.delivering || len(e.outbox) == 0 {
+		e.mu.Unlock()
+		return
+	}
+	e.delivering = true
+	for len(e.outbox) > 0 {
+		batch := e.outbox
+		e.outbox = e.spare[:0]
+		e.mu.Unlock()
+		for i := range batch {
+			ev := &batch[i]
+			switch ev.kind {
+			case evFirst:
+				ev.cb.FirstToken(ev.res)
+			case evToken:
+				ev.cb.Token(ev.res, ev.i)
+			case evDone:
+				ev.cb.Done(ev.res)
+			}
+			*ev = event{}
+		}
+		e.mu.Lock()
+		e.spare = batch[:0]
+	}
+	e.delivering = false
+	e.mu.Unlock()
 }

@@ -105,6 +105,18 @@ func (p *blockPool) match(keys []uint64, limit int) []int32 {
 	return ids
 }
 
+// matchCount is len(match(keys, limit)) without allocating.
+func (p *blockPool) matchCount(keys []uint64, limit int) int {
+	n := 0
+	for n < len(keys) && n < limit {
+		if _, ok := p.cached[keys[n]]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 // freeAmong counts the blocks of ids that sit in the free queue.
 func (p *blockPool) freeAmong(ids []int32) int {
 	n := 0

@@ -11,27 +11,33 @@ import (
 const Model = "meta-llama/Llama-3.1-8B-Instruct"
 
 // EngineConfig is the simulated model server of the benchmark: Llama-3.1-8B on one H100 in its
-// timing, with the KV cache and the batch scaled down by about 6× so that a workload of a few
-// thousand requests puts the cache under the pressure a real one of tens of thousands would
-// (docs/replay.md, "Engines"):
+// timing, with the KV cache, the batch and the step's token budget scaled down by about 6× so
+// that a workload of a few thousand requests puts the cache under the pressure a real one of
+// tens of thousands would (docs/replay.md, "Engines"):
 //
-//   - prefill 60 µs per uncached prompt token (~16,700 tokens/s, vLLM's chunked-prefill rate
-//     on an H100 while it also decodes) plus 2 ms per prefill step;
-//   - decode 7 ms per output token with a batch of one (~140 tokens/s per stream), three times
-//     that (21 ms) with a full batch;
+//   - a step costs 2 ms (scheduling, launches) + 60 µs per prompt token computed (~16,700
+//     tokens/s, vLLM's chunked-prefill rate on an H100 while it also decodes) + a decode term;
+//   - the decode term is 5 ms with one decoding request, so a request decoding alone gets a
+//     token every 2 + 5 = 7 ms (~140 tokens/s), and 5 × (1 + 2.8) = 19 ms with a full batch,
+//     a token every 21 ms: three times slower, as before the step model;
 //   - 4,096 KV blocks of 16 tokens (65,536 tokens; an 80 GB H100 holds ~25,000 blocks of this
-//     model) and at most 40 running requests (vLLM's 256 × 4,096/25,000 ≈ 42), 1,000 waiting.
+//     model: × 0.164) and at most 40 running requests (vLLM's max_num_seqs 256 × 0.164 ≈ 42),
+//     1,000 waiting;
+//   - a budget of 2,048 tokens per step: vLLM's API server defaults to 8,192 on an H100
+//     (2,048 on smaller GPUs); 8,192 × 0.164 ≈ 1,340, rounded up to the smaller default, so a
+//     3,000-5,000-token prompt takes two or three steps, as a 20,000-token one would at 8,192.
 func EngineConfig() engine.Config {
 	c := engine.DefaultConfig()
 	c.Model = Model
 	c.BlockSize = 16
 	c.NumGPUBlocks = 4096
 	c.MaxNumSeqs = 40
+	c.MaxNumBatchedTokens = 2048
 	c.MaxWaiting = 1000
+	c.StepOverhead = 2 * time.Millisecond
 	c.PrefillPerToken = 60 * time.Microsecond
-	c.PrefillOverhead = 2 * time.Millisecond
-	c.DecodePerToken = 7 * time.Millisecond
-	c.DecodeBatchPenalty = 2.0
+	c.DecodePerToken = 5 * time.Millisecond
+	c.DecodeBatchPenalty = 1.4
 	c.OutputTokensMin = 32
 	c.OutputTokensMax = 384
 	c.Seed = 1

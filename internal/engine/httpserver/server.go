@@ -4,6 +4,7 @@
 package httpserver
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,19 +12,22 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 )
 
 // maxBodyBytes bounds request bodies; long-context prompts are large, but
 // not this large.
 const maxBodyBytes = 64 << 20
 
-// Options configure a Server.
+// Options configure a Server. The zero value behaves as vLLM's OpenAI
+// server with default flags, except PromptTokensDetails (see there).
 type Options struct {
 	// ServedBy is the x-served-by response header. Empty means the local
 	// address the request arrived on, which tells tests which replica
@@ -31,11 +35,20 @@ type Options struct {
 	ServedBy string
 	// AlwaysUsage adds the usage chunk to every stream, as if the client
 	// had set stream_options.include_usage (vLLM's
-	// --enable-force-include-usage). Routers need it to learn
-	// cached_tokens from streamed answers.
+	// --enable-force-include-usage). Off, a stream reports usage only when
+	// the client asks.
 	AlwaysUsage bool
-	// ChunkTokens is the number of tokens per streamed chunk (default 4).
+	// HidePromptTokensDetails leaves usage.prompt_tokens_details out, as
+	// vLLM does unless started with --enable-prompt-tokens-details
+	// (non-streamed answers then carry "prompt_tokens_details": null, a
+	// stream's usage chunk no such key). The zero value reports
+	// cached_tokens, which the project's tests and demo rely on.
+	HidePromptTokensDetails bool
+	// ChunkTokens is the number of tokens per streamed event (default 1:
+	// vLLM sends an event for every token it produces).
 	ChunkTokens int
+	// Metrics configures /metrics (names, LoRA label).
+	Metrics servermetrics.Options
 	// Logger logs each request at debug level; nil logs nothing.
 	Logger *zap.Logger
 }
@@ -54,7 +67,10 @@ type Server struct {
 // New returns a handler serving eng.
 func New(eng *engine.Engine, opts Options) *Server {
 	if opts.ChunkTokens < 1 {
-		opts.ChunkTokens = 4
+		opts.ChunkTokens = 1
+	}
+	if opts.Metrics.Started.IsZero() {
+		opts.Metrics.Started = eng.Clock().Now()
 	}
 	s := &Server{eng: eng, clock: eng.Clock(), opts: opts, log: opts.Logger, created: eng.Clock().Now().Unix()}
 	if s.log == nil {
@@ -155,36 +171,99 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
+// usage is OpenAI's usage object; PromptTokensDetails is nil when the
+// server hides it.
 type usage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	TotalTokens         int `json:"total_tokens"`
-	PromptTokensDetails struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
+	PromptTokens        int            `json:"prompt_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
 }
 
-func usageOf(res engine.Result) *usage {
-	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens,
+// streamUsage is usage in a stream's last chunk: vLLM serializes chunks
+// without unset fields, so a hidden prompt_tokens_details is absent there
+// rather than null.
+type streamUsage struct {
+	PromptTokens        int            `json:"prompt_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+func (s *Server) usageOf(res engine.Result) usage {
+	u := usage{PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens,
 		TotalTokens: res.PromptTokens + res.CompletionTokens}
-	u.PromptTokensDetails.CachedTokens = res.CachedTokens
+	if !s.opts.HidePromptTokensDetails {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: res.CachedTokens}
+	}
 	return u
 }
 
-// events turns engine callbacks into channels for a handler goroutine.
-type events struct {
-	first chan engine.Result
-	done  chan engine.Result
+// progress turns engine callbacks into state a handler goroutine reads: the
+// callbacks never block (they run on the engine's delivery goroutine), they
+// record and wake the handler.
+type progress struct {
+	mu       sync.Mutex
+	first    *engine.Result
+	produced int
+	done     *engine.Result
+	wake     chan struct{}
 }
 
-func newEvents() *events {
-	return &events{first: make(chan engine.Result, 1), done: make(chan engine.Result, 1)}
+func newProgress() *progress { return &progress{wake: make(chan struct{}, 1)} }
+
+func (p *progress) notify() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
 }
 
-func (ev *events) callbacks() engine.Callbacks {
+func (p *progress) callbacks() engine.Callbacks {
 	return engine.Callbacks{
-		FirstToken: func(r engine.Result) { ev.first <- r },
-		Done:       func(r engine.Result) { ev.done <- r },
+		FirstToken: func(r engine.Result) {
+			p.mu.Lock()
+			p.first = &r
+			p.mu.Unlock()
+			p.notify()
+		},
+		Token: func(_ engine.Result, i int) {
+			p.mu.Lock()
+			p.produced = i + 1
+			p.mu.Unlock()
+			p.notify()
+		},
+		Done: func(r engine.Result) {
+			p.mu.Lock()
+			p.done = &r
+			p.mu.Unlock()
+			p.notify()
+		},
+	}
+}
+
+// snapshot returns what happened so far.
+func (p *progress) snapshot() (first *engine.Result, produced int, done *engine.Result) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.first, p.produced, p.done
+}
+
+// wait blocks until the request is done or ctx ends.
+func (p *progress) wait(ctx context.Context) (engine.Result, bool) {
+	for {
+		if _, _, done := p.snapshot(); done != nil {
+			return *done, true
+		}
+		select {
+		case <-p.wake:
+		case <-ctx.Done():
+			return engine.Result{}, false
+		}
 	}
 }
 
@@ -207,7 +286,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	cfg := s.eng.Config()
 	if req.Model != cfg.Model {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return
 	}
 	id := r.Header.Get("x-request-id")
@@ -219,8 +298,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	ev := newEvents()
-	h, err := s.eng.Submit(req.EngineRequest(prefix+id), ev.callbacks())
+	prog := newProgress()
+	// Submit only queues the request: the engine schedules it in a later
+	// step, so a stream's headers below go out before any prefill.
+	h, err := s.eng.Submit(req.EngineRequest(prefix+id), prog.callbacks())
 	if err != nil {
 		status := http.StatusInternalServerError
 		switch {
@@ -234,26 +315,21 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	// However the handler ends, the engine must let go of the request: a
-	// client that went away frees its batch slot and pinned blocks.
+	// client that went away frees its batch slot and blocks.
 	defer h.Cancel()
 
 	var res engine.Result
 	var ok bool
 	if req.Stream {
-		res, ok = s.stream(r.Context(), w, req, h.ID(), chat, ev)
-	} else {
-		select {
-		case res = <-ev.done:
-			ok = true
-			s.respond(w, res, chat)
-		case <-r.Context().Done():
-		}
+		res, ok = s.stream(r.Context(), w, req, h.ID(), chat, prog)
+	} else if res, ok = prog.wait(r.Context()); ok {
+		s.respond(w, res, chat)
 	}
 	if !ok {
 		s.log.Debug("client went away", zap.String("id", id), zap.Duration("after", time.Since(start)))
 		return
 	}
-	s.log.Debug("request done", zap.String("id", id), zap.Bool("stream", req.Stream),
+	s.log.Debug("request done", zap.String("id", id), zap.Bool("stream", req.Stream), zap.String("outcome", string(res.Outcome)),
 		zap.Int("prompt_tokens", res.PromptTokens), zap.Int("cached_tokens", res.CachedTokens),
 		zap.Int("completion_tokens", res.CompletionTokens), zap.Duration("ttft", res.TTFT()),
 		zap.Duration("latency", time.Since(start)))
@@ -266,7 +342,7 @@ type response struct {
 	Created int64            `json:"created"`
 	Model   string           `json:"model"`
 	Choices []responseChoice `json:"choices"`
-	Usage   *usage           `json:"usage"`
+	Usage   usage            `json:"usage"`
 }
 
 type responseChoice struct {
@@ -282,7 +358,16 @@ type message struct {
 	Content string `json:"content"`
 }
 
+// failed reports whether res ended without its whole output.
+func failed(res engine.Result) bool {
+	return res.Outcome != engine.OutcomeStop && res.Outcome != engine.OutcomeLength
+}
+
 func (s *Server) respond(w http.ResponseWriter, res engine.Result, chat bool) {
+	if failed(res) {
+		writeError(w, http.StatusInternalServerError, fmt.Sprintf("the engine failed the request after %d tokens", res.CompletionTokens))
+		return
+	}
 	text := res.Text(0, res.CompletionTokens)
 	c := responseChoice{FinishReason: string(res.Outcome)}
 	object := "text_completion"
@@ -294,6 +379,6 @@ func (s *Server) respond(w http.ResponseWriter, res engine.Result, chat bool) {
 	}
 	writeJSON(w, http.StatusOK, response{
 		ID: res.ID, Object: object, Created: s.clock.Now().Unix(), Model: s.eng.Config().Model,
-		Choices: []responseChoice{c}, Usage: usageOf(res),
+		Choices: []responseChoice{c}, Usage: s.usageOf(res),
 	})
 }
