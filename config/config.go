@@ -31,6 +31,8 @@ type Config struct {
 type Pool struct {
 	Endpoints   []string    `json:"endpoints"`
 	HealthCheck HealthCheck `json:"healthCheck"`
+	// Metrics configures the scrape of the model servers' metrics (pool.metrics).
+	Metrics ModelServerMetrics `json:"metrics"`
 }
 
 // HealthCheck configures the active health check of the pool's endpoints.
@@ -184,6 +186,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("pool.healthCheck thresholds must be at least 1")
 	case !slices.Contains(BodyModes, c.ExtProc.AssumedBodyMode):
 		return fmt.Errorf("extProc.assumedBodyMode %q: want one of %s", c.ExtProc.AssumedBodyMode, strings.Join(BodyModes, ", "))
+	}
+	if err := c.Pool.Metrics.validate(); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for i, p := range c.Plugins {

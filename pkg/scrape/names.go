@@ -1,0 +1,204 @@
+package scrape
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/kvpick/kvpick/config"
+)
+
+// field is what a metric family is read for.
+type field int
+
+const (
+	fieldWaiting        field = iota // gauge, series summed
+	fieldRunning                     // gauge, series summed
+	fieldKVUsage                     // gauge 0..1, series averaged
+	fieldCacheConfig                 // info gauge, labels block_size and num_gpu_blocks
+	fieldCapacityTokens              // gauge, KV cache size in tokens, series summed
+	fieldLoRA                        // gauge whose newest series (highest value) describes the adapters
+	numFields
+)
+
+// fieldNames are the config's names of the fields, for log lines.
+var fieldNames = [numFields]string{"waiting", "running", "kvUsage", "cacheConfigInfo", "capacityTokens", "loraInfo"}
+
+// profile is one engine's metric names: for every field, the families that report it in order
+// of preference (a newer name before the name it replaced); none when the engine does not
+// report the field.
+type profile struct {
+	engine string
+	names  [numFields][]string
+}
+
+// vLLM 0.8+ (V1 engine). kv_cache_usage_perc replaced gpu_cache_usage_perc; servers of the
+// transition report both, and the newer name wins.
+var vllmProfile = profile{engine: "vllm", names: [numFields][]string{
+	fieldWaiting:     {"vllm:num_requests_waiting"},
+	fieldRunning:     {"vllm:num_requests_running"},
+	fieldKVUsage:     {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+	fieldCacheConfig: {"vllm:cache_config_info"},
+	fieldLoRA:        {"vllm:lora_requests_info"},
+}}
+
+// SGLang (--enable-metrics). Its KV cache is a token pool: max_total_num_tokens is its size.
+var sglangProfile = profile{engine: "sglang", names: [numFields][]string{
+	fieldWaiting:        {"sglang:num_queue_reqs"},
+	fieldRunning:        {"sglang:num_running_reqs"},
+	fieldKVUsage:        {"sglang:token_usage"},
+	fieldCapacityTokens: {"sglang:max_total_num_tokens"},
+}}
+
+func customProfile(n config.MetricNames) profile {
+	one := func(s string) []string {
+		if s == "" {
+			return nil
+		}
+		return []string{s}
+	}
+	return profile{engine: "custom", names: [numFields][]string{
+		fieldWaiting:        one(n.Waiting),
+		fieldRunning:        one(n.Running),
+		fieldKVUsage:        one(n.KVUsage),
+		fieldCacheConfig:    one(n.CacheConfigInfo),
+		fieldCapacityTokens: one(n.CapacityTokens),
+		fieldLoRA:           one(n.LoRAInfo),
+	}}
+}
+
+// schema is the set of metric families a scraper reads, shared by every endpoint's reader.
+// auto mode reads the vLLM and SGLang families together and decides per scrape which engine
+// answered: a line that no profile wants costs the same whether one or two profiles are read.
+type schema struct {
+	profiles []profile
+	families []family
+	byName   map[string]int // family name → index in families
+	// profFams[p][f] are the indexes of profile p's families for field f, preferred first.
+	profFams [][numFields][]int
+	// prefixes are the first 8 bytes of every family name, in a small hash table: a line whose
+	// first 8 bytes match none of them is skipped without looking further (most of a vLLM page
+	// is histograms).
+	prefixes [prefixSlots]uint64
+	// prefixFilter is false when a name is shorter than 8 bytes.
+	prefixFilter bool
+	// newer[f] are the families a profile prefers to f for f's field.
+	newer [][]int
+	cache parseCache
+}
+
+type family struct {
+	name string
+	kind field
+}
+
+func newSchema(cfg config.ModelServerMetrics) (*schema, error) {
+	var profs []profile
+	switch cfg.Engine {
+	case "auto", "":
+		profs = []profile{vllmProfile, sglangProfile}
+	case "vllm":
+		profs = []profile{vllmProfile}
+	case "sglang":
+		profs = []profile{sglangProfile}
+	case "custom":
+		profs = []profile{customProfile(cfg.Names)}
+	default:
+		return nil, fmt.Errorf("pool.metrics.engine %q: unknown", cfg.Engine)
+	}
+	s := &schema{profiles: profs, byName: map[string]int{}, prefixFilter: true, cache: parseCache{m: map[string]cached{}}}
+	for _, p := range profs {
+		var fams [numFields][]int
+		for f, names := range p.names {
+			for _, n := range names {
+				i, ok := s.byName[n]
+				if !ok {
+					i = len(s.families)
+					s.families = append(s.families, family{name: n, kind: field(f)})
+					s.byName[n] = i
+					if len(n) < 8 {
+						s.prefixFilter = false
+					} else {
+						if err := s.addPrefix(binary.LittleEndian.Uint64([]byte(n[:8]))); err != nil {
+							return nil, err
+						}
+					}
+				} else if s.families[i].kind != field(f) {
+					return nil, fmt.Errorf("pool.metrics.names: %q is given for both %s and %s", n, fieldNames[s.families[i].kind], fieldNames[f])
+				}
+				for len(s.newer) < len(s.families) {
+					s.newer = append(s.newer, nil)
+				}
+				s.newer[i] = append(s.newer[i], fams[f]...)
+				fams[f] = append(fams[f], i)
+			}
+		}
+		s.profFams = append(s.profFams, fams)
+	}
+	return s, nil
+}
+
+// prefixSlots is the size of the prefix table: open addressing, at most a quarter full with
+// the 64 names it accepts.
+const prefixSlots = 256
+
+func prefixSlot(p uint64) int { return int((p * 0x9E3779B97F4A7C15) >> 56) }
+
+func (s *schema) addPrefix(p uint64) error {
+	for i, n := prefixSlot(p), 0; n < prefixSlots/4; i, n = (i+1)%prefixSlots, n+1 {
+		switch s.prefixes[i] {
+		case p:
+			return nil
+		case 0:
+			s.prefixes[i] = p
+			return nil
+		}
+	}
+	return fmt.Errorf("pool.metrics.names: too many metric names")
+}
+
+// hasPrefix reports whether p is the first 8 bytes of a wanted name. No name starts with 8 zero
+// bytes, so 0 marks an empty slot.
+func (s *schema) hasPrefix(p uint64) bool {
+	for i := prefixSlot(p); ; i = (i + 1) % prefixSlots {
+		switch s.prefixes[i] {
+		case p:
+			return p != 0
+		case 0:
+			return false
+		}
+	}
+}
+
+// parseCache maps a family's selected lines to what they say, for every endpoint of a scraper:
+// parsing is the reader's largest cost, and most pages repeat lines seen before (the same
+// model's servers report the same small counts; info gauges rarely change).
+type parseCache struct {
+	mu sync.RWMutex
+	m  map[string]cached
+}
+
+type cached struct {
+	v   value
+	err error
+}
+
+// maxCached bounds the cache: ~4,096 x ~150 bytes of key = ~600 KB. When full it is emptied
+// rather than kept in LRU order: refilling costs a few parses per endpoint.
+const maxCached = 4096
+
+func (c *parseCache) get(lines []byte) (cached, bool) {
+	c.mu.RLock()
+	v, ok := c.m[string(lines)]
+	c.mu.RUnlock()
+	return v, ok
+}
+
+func (c *parseCache) put(lines []byte, v cached) {
+	c.mu.Lock()
+	if len(c.m) >= maxCached {
+		clear(c.m)
+	}
+	c.m[string(lines)] = v
+	c.mu.Unlock()
+}

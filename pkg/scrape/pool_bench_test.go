@@ -1,0 +1,144 @@
+package scrape
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/pool"
+)
+
+// The benchmark's metric servers run in a child process (this test binary again, with
+// serveEnv set), so that the parent's CPU time is the scraper's alone.
+const serveEnv = "KVPICK_SCRAPE_BENCH_SERVE"
+
+func TestMain(m *testing.M) {
+	if n := os.Getenv(serveEnv); n != "" {
+		serveMetricPages(n)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// serveMetricPages listens on n loopback ports, prints their addresses, serves the vLLM pages of
+// loaded servers (loadedPages), and exits when stdin closes.
+func serveMetricPages(n string) {
+	count, err := strconv.Atoi(n)
+	if err != nil {
+		panic(err)
+	}
+	var seed atomic.Uint64
+	pages := sync.Pool{New: func() any { return newLoadedPages(1, seed.Add(1)) }}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		lp := pages.Get().(*loadedPages)
+		defer pages.Put(lp)
+		buf, _ := bufs.Get().(*[]byte)
+		if buf == nil {
+			buf = new([]byte)
+		}
+		defer bufs.Put(buf)
+		*buf = lp.next(*buf)
+		p := *buf
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		w.Header().Set("Content-Length", strconv.Itoa(len(p)))
+		_, _ = w.Write(p)
+	})
+	var addrs []string
+	for range count {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			panic(err)
+		}
+		addrs = append(addrs, l.Addr().String())
+		go func() { _ = http.Serve(l, h) }()
+	}
+	fmt.Println(strings.Join(addrs, " "))
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the parent closes stdin
+}
+
+// BenchmarkScrapePool256 scrapes 256 endpoints every 50 ms, each serving a ~50 KB vLLM page
+// of a loaded server (a new KV usage on every scrape, queue counts in small ranges), and reports the scraper's CPU as a share of
+// one core. One iteration is one 50 ms interval: run it with -benchtime=200x (10 s).
+func BenchmarkScrapePool256(b *testing.B) {
+	const endpoints = 256
+	interval := 50 * time.Millisecond
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), serveEnv+"="+strconv.Itoa(endpoints))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { stdin.Close(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		b.Fatal(err)
+	}
+	addrs := strings.Fields(line)
+
+	p := pool.New()
+	s, err := New(config.ModelServerMetrics{Path: "/metrics", RefreshInterval: config.Duration(interval),
+		Timeout: config.Duration(250 * time.Millisecond), StalenessThreshold: config.Duration(500 * time.Millisecond),
+		MaxBodyBytes: 1 << 20, Engine: "auto"}, Options{Pool: p, Log: zap.NewNop()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.Listen(s)
+	p.Set(addrs)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	time.Sleep(time.Second) // connections open, buffers grown
+	scrapes := func() (ok, all uint64) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, l := range s.loops {
+			for r := range numResults {
+				n := l.counts[r].Load()
+				all += n
+				if r == resultOK {
+					ok += n
+				}
+			}
+		}
+		return ok, all
+	}
+	ok0, all0 := scrapes()
+	cpu0, t0 := processCPU(b), time.Now()
+	b.ResetTimer()
+	time.Sleep(time.Duration(b.N) * interval)
+	b.StopTimer()
+	cpu, wall := processCPU(b)-cpu0, time.Since(t0)
+	ok, all := scrapes()
+	ok, all = ok-ok0, all-all0
+	if all == 0 || ok < all*9/10 {
+		b.Fatalf("%d of %d scrapes ok", ok, all)
+	}
+	b.ReportMetric(float64(all-ok), "failed")
+	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "%core")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(all), "cpu-us/scrape")
+	b.ReportMetric(float64(all)/wall.Seconds(), "scrapes/s")
+	b.ReportMetric(0, "ns/op")
+}

@@ -1,0 +1,439 @@
+package scrape
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// maxSeriesPerFamily bounds the series of one family that a scrape considers: vLLM writes one
+// per data-parallel engine (and served model), far fewer than this; a page with more is broken
+// or hostile, and the rest is ignored rather than parsed every 50 ms.
+const maxSeriesPerFamily = 256
+
+// Bounds on plausible values: beyond them a value is a bug or garbage, not a measurement.
+const (
+	maxCount  = 1e9     // requests waiting or running on one server
+	maxTokens = 1 << 40 // KV cache tokens on one server
+)
+
+// reader turns one endpoint's metrics pages into router.Metrics; one goroutine uses it at a
+// time.
+//
+// A page is tens of KB, mostly histograms the picker does not read: the reader first selects
+// the lines of the wanted families with a byte scan (the first 8 bytes of a line decide for
+// almost every line), then hands the selected lines to expfmt's text parser, unless the same
+// lines were parsed before (the schema's cache, shared by every endpoint: servers of one model
+// write identical lines for equal values, and cache_config_info and lora_requests_info almost
+// never change), and unless a newer name of the same field was found (vLLM's transition
+// releases write the KV usage under both names).
+type reader struct {
+	s      *schema
+	parser expfmt.TextParser
+	in     bytes.Reader
+
+	sel    [][]byte // per family: this page's lines (the TYPE line and the samples)
+	series []int    // per family: sample lines selected
+	trunc  []bool   // per family: more than maxSeriesPerFamily series, the rest ignored
+	val    []value  // per family: what this page says
+	err    []error  // per family: why its lines did not parse
+
+	misses []int  // families to parse
+	joined []byte // their lines, for one pass of the parser
+}
+
+// value is what one family says.
+type value struct {
+	found bool   // at least one sample
+	bad   string // why the samples were rejected; "" when they are fine
+	v     float64
+	// cache config / capacity tokens
+	tokens    int64
+	blockSize int
+	lora      loraInfo
+}
+
+type loraInfo struct {
+	running, waiting []string
+	max              int
+}
+
+// reading is the outcome of reading one page.
+type reading struct {
+	m         router.Metrics // without the scrape's times and pick count
+	engine    string         // the profile that matched ("" when none did)
+	result    result
+	detail    string // for the log: what was missing, invalid or unparsable
+	truncated string // families with more than maxSeriesPerFamily series
+}
+
+func newReader(s *schema) *reader {
+	n := len(s.families)
+	return &reader{
+		s:      s,
+		parser: expfmt.NewTextParser(model.UTF8Validation),
+		sel:    make([][]byte, n),
+		series: make([]int, n),
+		trunc:  make([]bool, n),
+		val:    make([]value, n),
+		err:    make([]error, n),
+	}
+}
+
+// read interprets a metrics page. It never panics, whatever body holds.
+func (r *reader) read(body []byte) reading {
+	r.selectLines(body)
+	r.parseSelected()
+	var rd reading
+	for f, err := range r.err {
+		if err != nil {
+			rd.result = resultUnparsable
+			rd.detail = r.s.families[f].name + ": " + err.Error()
+			return rd
+		}
+	}
+	for f, t := range r.trunc {
+		if t {
+			rd.truncated += r.s.families[f].name + " "
+		}
+	}
+
+	// The engine is the profile with the most fields present (auto mode reads two).
+	best, bestN := 0, 0
+	for p := range r.s.profiles {
+		n := 0
+		for _, fams := range r.s.profFams[p] {
+			for _, i := range fams {
+				if r.val[i].found {
+					n++
+					break
+				}
+			}
+		}
+		if n > bestN {
+			best, bestN = p, n
+		}
+	}
+	if bestN > 0 {
+		rd.engine = r.s.profiles[best].engine
+	}
+	fams := &r.s.profFams[best]
+
+	var missing, invalid []string
+	get := func(f field) (value, bool) {
+		if len(fams[f]) == 0 {
+			return value{}, false // the engine does not report it
+		}
+		var bad string
+		for _, i := range fams[f] {
+			v := r.val[i]
+			switch {
+			case v.found && v.bad == "":
+				return v, true
+			case v.found && bad == "":
+				bad = r.s.families[i].name + ": " + v.bad
+			}
+		}
+		if bad != "" {
+			invalid = append(invalid, bad)
+		} else if f <= fieldKVUsage {
+			missing = append(missing, strings.Join(r.s.profiles[best].names[f], " or "))
+		}
+		return value{}, false
+	}
+	m := &rd.m
+	w, okW := get(fieldWaiting)
+	run, okR := get(fieldRunning)
+	queueNames := len(fams[fieldWaiting]) + len(fams[fieldRunning])
+	if queueNames > 0 && (okW || len(fams[fieldWaiting]) == 0) && (okR || len(fams[fieldRunning]) == 0) {
+		m.HasQueue = true
+		m.Waiting, m.Running = int(w.v), int(run.v)
+	}
+	if kv, ok := get(fieldKVUsage); ok {
+		m.HasKVUsage, m.KVUsage = true, kv.v
+	}
+	if cc, ok := get(fieldCacheConfig); ok {
+		m.NumGPUBlocks, m.BlockSize = int(cc.tokens/int64(cc.blockSize)), cc.blockSize
+	} else if ct, ok := get(fieldCapacityTokens); ok && ct.v >= 1 {
+		m.NumGPUBlocks, m.BlockSize = int(ct.v), 1
+	}
+	if l, ok := get(fieldLoRA); ok {
+		m.RunningLoRAs, m.WaitingLoRAs, m.MaxLoRA = l.lora.running, l.lora.waiting, l.lora.max
+	}
+	switch {
+	case len(invalid) > 0:
+		rd.result = resultInvalid
+		rd.detail = "invalid: " + strings.Join(invalid, "; ")
+		if len(missing) > 0 {
+			rd.detail += "; missing: " + strings.Join(missing, ", ")
+		}
+	case len(missing) > 0:
+		rd.result = resultMissing
+		rd.detail = "missing: " + strings.Join(missing, ", ")
+		if bestN == 0 {
+			rd.detail = "no known metric family on the page (" + r.engineNames() + ")"
+		}
+	}
+	return rd
+}
+
+func (r *reader) engineNames() string {
+	var s []string
+	for _, p := range r.s.profiles {
+		s = append(s, p.engine)
+	}
+	return "engine " + strings.Join(s, " or ")
+}
+
+var typePrefix = []byte("# TYPE ")
+
+// selectLines copies the lines of the wanted families out of body, per family.
+func (r *reader) selectLines(body []byte) {
+	for i := range r.sel {
+		r.sel[i], r.series[i], r.trunc[i] = r.sel[i][:0], 0, false
+	}
+	for len(body) > 0 {
+		var line []byte
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i+1], body[i+1:]
+		} else {
+			line, body = body, nil
+		}
+		name, isType := line, false
+		switch line[0] {
+		case '#':
+			if !bytes.HasPrefix(line, typePrefix) {
+				continue
+			}
+			name, isType = line[len(typePrefix):], true
+		case ' ', '\t':
+			name = bytes.TrimLeft(line, " \t")
+		}
+		if r.s.prefixFilter && (len(name) < 8 || !r.s.hasPrefix(binary.LittleEndian.Uint64(name))) {
+			continue
+		}
+		end := 0
+		for end < len(name) && name[end] != '{' && name[end] != ' ' && name[end] != '\t' && name[end] != '\n' && name[end] != '\r' {
+			end++
+		}
+		f, ok := r.s.byName[string(name[:end])]
+		if !ok {
+			continue
+		}
+		if !isType {
+			if r.series[f] >= maxSeriesPerFamily {
+				r.trunc[f] = true
+				continue
+			}
+			r.series[f]++
+		}
+		// One "\n" ends every selected line, whatever ended it on the page ("\r\n", nothing).
+		line = bytes.TrimRight(line, "\r\n")
+		r.sel[f] = append(append(r.sel[f], line...), '\n')
+	}
+}
+
+// parseSelected fills val and err for every family with lines on the page.
+func (r *reader) parseSelected() {
+	clear(r.val)
+	clear(r.err)
+	// First the families no newer name of theirs shadows, then the shadowed ones whose newer
+	// name turned out absent or invalid.
+	r.parseFamilies(func(f int) bool { return !r.shadowed(f, false) })
+	r.parseFamilies(func(f int) bool { return r.shadowed(f, false) && !r.shadowed(f, true) })
+}
+
+// shadowed reports whether a newer name of f's field has lines on the page (valid: and was read
+// with a valid value).
+func (r *reader) shadowed(f int, valid bool) bool {
+	for _, g := range r.s.newer[f] {
+		if len(r.sel[g]) > 0 && (!valid || (r.err[g] == nil && r.val[g].found && r.val[g].bad == "")) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseFamilies reads the families that want selects, from the cache or in one pass of
+// expfmt's parser (one pass costs less than one per family); when that pass fails, each family
+// is parsed alone to tell which one is broken.
+func (r *reader) parseFamilies(want func(f int) bool) {
+	r.misses, r.joined = r.misses[:0], r.joined[:0]
+	for f := range r.s.families {
+		if len(r.sel[f]) == 0 || !want(f) {
+			continue
+		}
+		if c, ok := r.s.cache.get(r.sel[f]); ok {
+			r.val[f], r.err[f] = c.v, c.err
+			continue
+		}
+		r.misses = append(r.misses, f)
+		r.joined = append(r.joined, r.sel[f]...)
+	}
+	if len(r.misses) == 0 {
+		return
+	}
+	mfs, err := r.parse(r.joined)
+	for _, f := range r.misses {
+		if err != nil {
+			mfs, r.err[f] = r.parse(r.sel[f])
+		}
+		if r.err[f] == nil {
+			r.val[f] = r.valueOf(f, mfs)
+		}
+		r.s.cache.put(r.sel[f], cached{r.val[f], r.err[f]})
+	}
+}
+
+func (r *reader) valueOf(f int, mfs map[string]*dto.MetricFamily) value {
+	fam := r.s.families[f]
+	mf := mfs[fam.name]
+	if mf == nil || len(mf.GetMetric()) == 0 {
+		return value{} // a TYPE line without samples
+	}
+	return extract(fam.kind, mf.GetMetric())
+}
+
+// parse runs expfmt's text parser over text.
+func (r *reader) parse(text []byte) (mfs map[string]*dto.MetricFamily, err error) {
+	defer func() {
+		// expfmt is not known to panic, but a metrics page is untrusted input and a panic here
+		// would take the picker down.
+		if p := recover(); p != nil {
+			mfs, err = nil, fmt.Errorf("parser panic: %v", p)
+		}
+	}()
+	r.in.Reset(text)
+	return r.parser.TextToMetricFamilies(&r.in)
+}
+
+// extract aggregates a family's series. Several series are several data-parallel engines (or
+// served models) behind one address: their requests add up, their KV caches add up, and the
+// used fraction is their mean (the engines' caches are the same size, and the server balances
+// new requests across its engines, so the mean, not the fullest one, is how full the address
+// is).
+func extract(kind field, ms []*dto.Metric) value {
+	v := value{found: true}
+	switch kind {
+	case fieldWaiting, fieldRunning, fieldCapacityTokens:
+		limit := float64(maxCount)
+		if kind == fieldCapacityTokens {
+			limit = maxTokens
+		}
+		for _, m := range ms {
+			x, ok := sampleValue(m)
+			switch {
+			case !ok:
+				v.bad = "not a gauge"
+				return v
+			case !(x >= 0 && x <= limit): // also NaN
+				v.bad = "implausible value " + strconv.FormatFloat(x, 'g', -1, 64)
+				return v
+			}
+			v.v += x
+		}
+		v.v = math.Round(v.v)
+		if v.v > limit {
+			v.bad = "implausible sum " + strconv.FormatFloat(v.v, 'g', -1, 64)
+		}
+	case fieldKVUsage:
+		for _, m := range ms {
+			x, ok := sampleValue(m)
+			switch {
+			case !ok:
+				v.bad = "not a gauge"
+				return v
+			case !(x >= 0 && x <= 1+1e-6):
+				v.bad = "value " + strconv.FormatFloat(x, 'g', -1, 64) + " outside 0..1"
+				return v
+			}
+			v.v += min(x, 1)
+		}
+		v.v /= float64(len(ms))
+	case fieldCacheConfig:
+		for _, m := range ms {
+			bs, err1 := strconv.Atoi(labelValue(m, "block_size"))
+			nb, err2 := strconv.ParseInt(labelValue(m, "num_gpu_blocks"), 10, 64)
+			if err1 != nil || err2 != nil || bs < 1 || bs > 1<<20 || nb < 0 || nb > maxTokens {
+				v.bad = fmt.Sprintf("labels block_size=%q num_gpu_blocks=%q", labelValue(m, "block_size"), labelValue(m, "num_gpu_blocks"))
+				return v
+			}
+			if v.blockSize == 0 || bs < v.blockSize {
+				v.blockSize = bs
+			}
+			v.tokens += int64(bs) * nb
+		}
+		if v.tokens > maxTokens {
+			v.bad = "implausible capacity"
+		}
+	case fieldLoRA:
+		// vLLM sets the gauge to the time of its update and keeps a series for every
+		// combination of labels it has written: the newest (highest value) is the current one.
+		var newest *dto.Metric
+		best := math.Inf(-1)
+		for _, m := range ms {
+			if x, ok := sampleValue(m); ok && x >= best {
+				newest, best = m, x
+			}
+		}
+		if newest == nil {
+			v.bad = "not a gauge"
+			return v
+		}
+		v.lora.running = adapters(labelValue(newest, "running_lora_adapters"))
+		v.lora.waiting = adapters(labelValue(newest, "waiting_lora_adapters"))
+		if s := labelValue(newest, "max_lora"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 0 {
+				v.bad = fmt.Sprintf("label max_lora=%q", s)
+				return v
+			}
+			v.lora.max = n
+		}
+	}
+	return v
+}
+
+func sampleValue(m *dto.Metric) (float64, bool) {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue(), true
+	case m.Untyped != nil:
+		return m.Untyped.GetValue(), true
+	case m.Counter != nil:
+		return m.Counter.GetValue(), true
+	}
+	return 0, false
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// adapters splits vLLM's comma-separated adapter list.
+func adapters(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var out []string
+	for a := range strings.SplitSeq(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}

@@ -1,0 +1,411 @@
+// Package scrape reads every pool endpoint's Prometheus metrics page (vLLM, SGLang, or the
+// names a pool configures) on its own loop and publishes the result on the endpoint
+// (router.Endpoint.SetMetrics), where scorers and filters read it without waiting.
+//
+// Each endpoint has one goroutine that scrapes, waits for the interval, and scrapes again: at
+// most one scrape per endpoint is in flight, a slow or dead server delays only its own loop, and
+// the loops start at random phases so that a large pool is not scraped in one burst. A failed
+// scrape leaves the last good metrics in place; they stop being trusted by themselves when their
+// StaleAt passes.
+package scrape
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// Observer learns every metrics update, on the scraping goroutine (router.Pipeline's
+// MetricsUpdated fans it out to the plugins that want it).
+type Observer interface {
+	MetricsUpdated(ep *router.Endpoint, m *router.Metrics)
+}
+
+// Options are a Scraper's dependencies.
+type Options struct {
+	// Pool is where Run finds the endpoints that exist when it starts; later changes arrive
+	// through EndpointsChanged (register the Scraper with the pool's Listen).
+	Pool router.Endpoints
+	Log  *zap.Logger
+	// Registerer receives the scraper's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	// Observer, when set, is told about every published scrape.
+	Observer Observer
+}
+
+// Scraper scrapes the metrics of every endpoint of a pool.
+type Scraper struct {
+	cfg      config.ModelServerMetrics
+	schema   *schema
+	client   *http.Client
+	pool     router.Endpoints
+	log      *zap.Logger
+	observer Observer
+	duration prometheus.Histogram
+
+	mu      sync.Mutex
+	ctx     context.Context // set by Run; nil before it and after it returns
+	loops   map[*router.Endpoint]*loop
+	running sync.WaitGroup
+}
+
+var _ router.PoolListener = (*Scraper)(nil)
+
+// New returns a scraper for cfg (already validated by config.Validate). Run starts it.
+func New(cfg config.ModelServerMetrics, o Options) (*Scraper, error) {
+	sc, err := newSchema(cfg)
+	if err != nil {
+		return nil, err
+	}
+	log := o.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	s := &Scraper{
+		cfg:      cfg,
+		schema:   sc,
+		pool:     o.Pool,
+		log:      log.With(zap.String("component", "metrics-scraper")),
+		observer: o.Observer,
+		loops:    map[*router.Endpoint]*loop{},
+		client: &http.Client{
+			Transport: newTransport(cfg),
+			// A metrics page is never a redirect: following one would scrape another host.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvpick_model_server_scrape_duration_seconds",
+			Help:    "Time to scrape one endpoint's metrics page: request, body and parse.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5},
+		}),
+	}
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.duration, (*collector)(s)} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("model-server metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// newTransport is the one connection pool of every loop: keep-alive connections, one per
+// endpoint (a loop has at most one scrape in flight; 2 idle per host leave room for the
+// connection of a scrape that timed out while its successor starts), no limit on the total so
+// that a pool of hundreds of endpoints does not churn connections (net/http's default keeps
+// 100 idle connections in all). No compression: on a vLLM page gzip saves the network ~80%
+// but costs the picker more CPU to inflate than the rest of the scrape together.
+func newTransport(cfg config.ModelServerMetrics) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil, // pod addresses: never through HTTP_PROXY
+		DialContext:           (&net.Dialer{Timeout: cfg.Timeout.D(), KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          0,
+		MaxIdleConnsPerHost:   2,
+		IdleConnTimeout:       max(10*time.Second, 3*cfg.RefreshInterval.D()),
+		DisableCompression:    true,
+		ResponseHeaderTimeout: cfg.Timeout.D(),
+	}
+}
+
+// Enabled reports whether scraping is configured (refreshInterval > 0).
+func (s *Scraper) Enabled() bool { return s.cfg.RefreshInterval > 0 }
+
+// Run scrapes every endpoint until ctx ends, then waits for every loop to stop. It returns at
+// once when scraping is disabled.
+func (s *Scraper) Run(ctx context.Context) {
+	if !s.Enabled() {
+		return
+	}
+	s.mu.Lock()
+	if s.ctx != nil {
+		s.mu.Unlock()
+		panic("scrape: Run called twice")
+	}
+	s.ctx = ctx
+	if s.pool != nil {
+		for _, ep := range s.pool.Snapshot() {
+			if _, ok := s.loops[ep]; !ok && !ep.Removed() {
+				s.loops[ep] = &loop{ep: ep}
+			}
+		}
+	}
+	for _, l := range s.loops {
+		s.startLocked(l)
+	}
+	s.mu.Unlock()
+
+	<-ctx.Done()
+	s.running.Wait()
+	s.mu.Lock()
+	s.ctx = nil
+	s.mu.Unlock()
+	s.client.CloseIdleConnections()
+}
+
+// EndpointsChanged implements router.PoolListener: added endpoints get a loop, removed ones
+// lose theirs. The pool calls it under its lock, so it only starts and cancels goroutines.
+func (s *Scraper) EndpointsChanged(added, removed []*router.Endpoint) {
+	if !s.Enabled() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ep := range removed {
+		if l, ok := s.loops[ep]; ok {
+			if l.cancel != nil {
+				l.cancel()
+			}
+			delete(s.loops, ep)
+		}
+	}
+	for _, ep := range added {
+		if _, ok := s.loops[ep]; ok || ep.Removed() {
+			continue
+		}
+		l := &loop{ep: ep}
+		s.loops[ep] = l
+		if s.ctx != nil {
+			s.startLocked(l)
+		}
+	}
+}
+
+func (s *Scraper) startLocked(l *loop) {
+	if l.cancel != nil || s.ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	l.cancel = cancel
+	l.rd = newReader(s.schema)
+	s.running.Add(1)
+	go func() {
+		defer s.running.Done()
+		defer cancel()
+		s.loop(ctx, l)
+	}()
+}
+
+// loop is one endpoint's scrape loop and what the collector reports about it.
+type loop struct {
+	ep     *router.Endpoint
+	cancel context.CancelFunc // set when the goroutine starts
+	rd     *reader
+
+	counts [numResults]atomic.Uint64
+
+	// Log state, touched only by the loop's goroutine.
+	prev       result // the last scrape's result
+	logged     result // the result last logged (ok until a line says otherwise)
+	loggedAt   time.Time
+	changes    int // results that differed from the one before, since the last log line
+	failures   int // scrapes that did not publish since the last one that did
+	engine     string
+	truncation bool
+}
+
+func (s *Scraper) loop(ctx context.Context, l *loop) {
+	interval := s.cfg.RefreshInterval.D()
+	// A random phase spreads the loops of a large pool over the interval.
+	t := time.NewTimer(rand.N(interval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		s.scrapeOnce(ctx, l)
+		if ctx.Err() != nil {
+			return
+		}
+		// The next scrape starts one interval after this one started, or at once when this one
+		// took longer: never two at a time, never a backlog.
+		t.Reset(max(0, interval-time.Since(start)))
+	}
+}
+
+// scrapeOnce scrapes l's endpoint once and publishes what it read.
+func (s *Scraper) scrapeOnce(ctx context.Context, l *loop) {
+	start := time.Now()
+	// Taken before the request leaves: picks after this are requests the page cannot show.
+	picks := l.ep.Picks()
+	body, res, err := s.fetch(ctx, l.ep)
+	if ctx.Err() != nil {
+		putBuf(body)
+		return // the endpoint left the pool or the picker is stopping: nothing to record
+	}
+	var rd reading
+	if res == resultOK {
+		rd = l.rd.read(*body)
+	}
+	putBuf(body)
+	now := time.Now()
+	s.duration.Observe(now.Sub(start).Seconds())
+	if res == resultOK {
+		res = rd.result
+	}
+	l.counts[res].Add(1)
+
+	if res.publishes() {
+		m := rd.m
+		m.ScrapedAt = now
+		m.StaleAt = now.Add(s.cfg.StalenessThreshold.D())
+		m.PicksAtScrape = picks
+		l.ep.SetMetrics(&m)
+		if s.observer != nil {
+			s.observer.MetricsUpdated(l.ep, &m)
+		}
+		l.failures = 0
+	} else {
+		l.failures++
+	}
+	s.logState(l, res, rd, err, now)
+}
+
+// fetch GETs the endpoint's metrics page into a pooled buffer.
+func (s *Scraper) fetch(ctx context.Context, ep *router.Endpoint) (*[]byte, result, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout.D())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep.Addr+s.cfg.Path, nil)
+	if err != nil {
+		return nil, resultError, err
+	}
+	// The classic text format: what the reader selects lines from (OpenMetrics differs).
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, classify(ctx, err), err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096)) // keep the connection
+		return nil, resultBadStatus, fmt.Errorf("HTTP status %d", resp.StatusCode)
+	}
+	limit := s.cfg.MaxBodyBytes
+	if resp.ContentLength > limit {
+		return nil, resultTooLarge, fmt.Errorf("Content-Length %d over pool.metrics.maxBodyBytes %d", resp.ContentLength, limit)
+	}
+	buf := getBuf(resp.ContentLength)
+	res, err := readBody(resp.Body, buf, limit)
+	if err != nil {
+		putBuf(buf)
+		if res == resultError {
+			res = classify(ctx, err)
+		}
+		return nil, res, err
+	}
+	return buf, resultOK, nil
+}
+
+// readBody reads r into *buf, at most limit bytes.
+func readBody(r io.Reader, buf *[]byte, limit int64) (result, error) {
+	b := (*buf)[:0]
+	defer func() { *buf = b }()
+	for {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, max(len(b), 4096))
+		}
+		n, err := r.Read(b[len(b):min(int64(cap(b)), limit+1)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return resultTooLarge, fmt.Errorf("body over pool.metrics.maxBodyBytes %d", limit)
+		}
+		if err == io.EOF {
+			return resultOK, nil
+		}
+		if err != nil {
+			return resultError, err
+		}
+	}
+}
+
+func classify(ctx context.Context, err error) result {
+	var ne net.Error
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &ne) && ne.Timeout()) {
+		return resultTimeout
+	}
+	return resultError
+}
+
+// Body buffers are pooled: few scrapes are in flight at once, so a few buffers serve hundreds
+// of endpoints.
+var bufs sync.Pool
+
+func getBuf(contentLength int64) *[]byte {
+	p, _ := bufs.Get().(*[]byte)
+	if p == nil {
+		b := make([]byte, 0, 64<<10)
+		p = &b
+	}
+	if contentLength > 0 && int64(cap(*p)) < contentLength+1 {
+		*p = make([]byte, 0, contentLength+1) // +1: room to see EOF without growing
+	}
+	return p
+}
+
+func putBuf(p *[]byte) {
+	if p == nil || cap(*p) > 4<<20 {
+		return // do not keep a giant page's buffer
+	}
+	*p = (*p)[:0]
+	bufs.Put(p)
+}
+
+// logEvery rate-limits one endpoint's log lines: a state (ok, timeout, ...) is logged when it
+// changes, at most once per logEvery; changes in between are counted in the next line.
+const logEvery = 10 * time.Second
+
+func (s *Scraper) logState(l *loop, res result, rd reading, err error, now time.Time) {
+	if res.publishes() && rd.engine != "" && rd.engine != l.engine {
+		l.engine = rd.engine
+		s.log.Info("model server metrics detected", zap.String("endpoint", l.ep.Addr), zap.String("engine", rd.engine))
+	}
+	if rd.truncated != "" && !l.truncation {
+		l.truncation = true
+		s.log.Warn("metric families with more series than the scraper reads; the rest is ignored",
+			zap.String("endpoint", l.ep.Addr), zap.String("families", strings.TrimSpace(rd.truncated)), zap.Int("max_series", maxSeriesPerFamily))
+	}
+	if res != l.prev {
+		l.prev = res
+		l.changes++
+	}
+	if res == l.logged || (!l.loggedAt.IsZero() && now.Sub(l.loggedAt) < logEvery) {
+		return
+	}
+	fields := []zap.Field{zap.String("endpoint", l.ep.Addr), zap.String("result", res.String()),
+		zap.Int("state_changes", l.changes)}
+	switch {
+	case res == resultOK:
+		s.log.Info("model server metrics scraped again", fields...)
+	case res.publishes():
+		s.log.Warn("model server metrics incomplete: the picker falls back to its own accounting for what is missing",
+			append(fields, zap.String("detail", rd.detail))...)
+	default:
+		if err != nil {
+			fields = append(fields, zap.Error(err))
+		}
+		if rd.detail != "" {
+			fields = append(fields, zap.String("detail", rd.detail))
+		}
+		s.log.Warn("model server metrics scrape failed: keeping the last good metrics until they go stale, then the picker's own accounting",
+			append(fields, zap.Duration("stale_after", s.cfg.StalenessThreshold.D()))...)
+	}
+	l.logged, l.loggedAt, l.changes = res, now, 0
+}
