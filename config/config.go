@@ -124,6 +124,10 @@ func Load(path string) (*Config, error) {
 func Parse(b []byte) (*Config, error) { return parse(b, Default()) }
 
 func parse(b []byte, base *Config) (*Config, error) {
+	// The reference picker's format (kind: EndpointPickerConfig), translated: endpointpicker.go.
+	if base != nil && isEndpointPickerConfig(b) {
+		return parseEndpointPickerConfig(b, base)
+	}
 	j, err := yaml.YAMLToJSON(b)
 	if err != nil {
 		return nil, fmt.Errorf("not valid YAML: %w", err)
