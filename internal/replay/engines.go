@@ -16,10 +16,13 @@ const Model = "meta-llama/Llama-3.1-8B-Instruct"
 // tens of thousands would (docs/replay.md, "Engines"):
 //
 //   - a step costs 2 ms (scheduling, launches) + 60 µs per prompt token computed (~16,700
-//     tokens/s, vLLM's chunked-prefill rate on an H100 while it also decodes) + a decode term;
+//     tokens/s, the H100 prefill rate the replay has always used) + a decode term;
 //   - the decode term is 5 ms with one decoding request, so a request decoding alone gets a
-//     token every 2 + 5 = 7 ms (~140 tokens/s), and 5 × (1 + 2.8) = 19 ms with a full batch,
-//     a token every 21 ms: three times slower, as before the step model;
+//     token every 2 + 5 = 7 ms (~140 tokens/s), and 5 × (1 + 1.4) = 12 ms with a full batch of
+//     40, a token every 14 ms: a step reads the 16 GB of weights (4.8 ms at 3.35 TB/s) whatever
+//     the batch and each sequence its KV (~0.08 ms for 2,000 tokens of context), so 40 make it
+//     ~1.5× longer; 2× leaves room for kernel inefficiency. (The serial-prefill model used 3×
+//     but let prefill and decode run side by side for free.)
 //   - 4,096 KV blocks of 16 tokens (65,536 tokens; an 80 GB H100 holds ~25,000 blocks of this
 //     model: × 0.164) and at most 40 running requests (vLLM's max_num_seqs 256 × 0.164 ≈ 42),
 //     1,000 waiting;
