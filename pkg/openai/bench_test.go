@@ -4,8 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
+
+	"github.com/kvpick/kvpick/internal/textgen"
 )
 
 // countSink is the cheapest possible sink, so the benchmark measures the
@@ -14,44 +15,10 @@ type countSink struct{ n, writes int }
 
 func (c *countSink) Write(p []byte) { c.n += len(p); c.writes++ }
 
-var words = strings.Fields(`the a of to and in is it you that he was for on are with as I his
-they be at one have this from or had by hot word but what some we can out other were all there
-when up use your how said an each she which do their time if will way about many then them write
-would like so these her long make thing see him two has look more day could go come did number
-sound no most people my over know water than call first who may down side been now find
-function return struct error context value request response model token cache prefix block hash
-naïve café résumé — 東京 😀`)
-
-const codeBlock = "```go\nfunc check(x int) error {\n    if x < 0 {\n        return fmt.Errorf(\"negative: %d\", x)\n    }\n    return nil\n}\n```\n"
-
-// prose returns about n bytes of chat text: sentences of 8-20 words, a line
-// break after about a third of them, paragraph breaks, now and then a quoted
-// word and, one segment in codeEvery, a code block (which is where escapes
-// get dense: newlines, quotes, indentation).
-func prose(rng *rand.Rand, n, codeEvery int) string {
-	var sb strings.Builder
-	for sb.Len() < n {
-		switch k := rng.IntN(codeEvery * 4); {
-		case k < 4:
-			sb.WriteString(codeBlock)
-		case k < 8:
-			sb.WriteString("\n\n")
-		case k < 10:
-			sb.WriteString(`"` + words[rng.IntN(len(words))] + `" `)
-		default:
-			for w := 8 + rng.IntN(13); w > 0; w-- {
-				sb.WriteString(words[rng.IntN(len(words))])
-				sb.WriteByte(' ')
-			}
-			if rng.IntN(3) == 0 {
-				sb.WriteString(".\n")
-			} else {
-				sb.WriteString(". ")
-			}
-		}
-	}
-	return sb.String()
-}
+// prose returns about n bytes of chat text (textgen.Prose: sentences, breaks, quoted words and,
+// one segment in codeEvery, a code block, which is where escapes get dense: newlines, quotes,
+// indentation).
+func prose(rng *rand.Rand, n, codeEvery int) string { return textgen.Text(rng, n, codeEvery) }
 
 var benchTools = []any{
 	map[string]any{"type": "function", "function": map[string]any{
@@ -74,12 +41,12 @@ var benchTools = []any{
 
 // chatBody builds a realistic chat body of about size bytes: a system
 // prompt, alternating user/assistant turns and a tools array. About one
-// segment in 12 of the text is a code block, which gives roughly one escape
-// per 50 bytes.
+// segment in 12 of the text is a code block, which gives about 27 escaped
+// bytes per KB (internal/textgen's TestEscapeDensity).
 func chatBody(size int) []byte { return chatBodyWith(size, 12) }
 
-// codeHeavyBody is chatBody with a code block every 5th segment: about one
-// escape per 22 bytes, a code-review-like worst case.
+// codeHeavyBody is chatBody with a code block every 5th segment: about 53
+// escaped bytes per KB, a code-review-like worst case.
 func codeHeavyBody(size int) []byte { return chatBodyWith(size, 5) }
 
 func chatBodyWith(size, codeEvery int) []byte {
