@@ -7,16 +7,20 @@
 #     test  run the tests against an existing cluster (port-forward + go test)
 #     down  delete the cluster
 #
-# Versions are pinned below; override any of them from the environment.
+# Versions come from manifests/versions.yaml (the one place they are pinned); override any of
+# them from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# version KEY: the value of a top-level key of manifests/versions.yaml.
+version() { sed -n "s/^$1:[[:space:]]*\([^[:space:]#]*\).*/\1/p" manifests/versions.yaml; }
+
 CLUSTER=${KIND_CLUSTER:-kvpick-e2e}
-KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-}                     # empty: the kind release's default node
-GATEWAY_API_VERSION=${GATEWAY_API_VERSION:-v1.4.1}       # Gateway API CRDs, standard channel
-GIE_VERSION=${GIE_VERSION:-v1.0.1}                       # Gateway API Inference Extension CRDs
-ENVOY_GATEWAY_VERSION=${ENVOY_GATEWAY_VERSION:-v1.7.0}   # Envoy Gateway (helm chart)
-AI_GATEWAY_VERSION=${AI_GATEWAY_VERSION:-v0.5.0}         # Envoy AI Gateway (InferencePool support)
+KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-}                            # empty: the kind release's default node
+GATEWAY_API_VERSION=${GATEWAY_API_VERSION:-$(version gatewayAPI)}        # Gateway API CRDs, standard channel
+GIE_VERSION=${GIE_VERSION:-$(version inferenceExtension)}                # Inference Extension CRDs
+ENVOY_GATEWAY_VERSION=${ENVOY_GATEWAY_VERSION:-$(version envoyGateway)}  # Envoy Gateway (helm chart)
+AI_GATEWAY_VERSION=${AI_GATEWAY_VERSION:-$(version envoyAIGateway)}      # Envoy AI Gateway (InferencePool support)
 LOCAL_PORT=${E2E_LOCAL_PORT:-8080}                       # where the Gateway is port-forwarded
 E2E_TEST_ARGS=${E2E_TEST_ARGS:-}                         # extra `go test` arguments, e.g. -run Stream
 GO=${GO:-go}
@@ -62,7 +66,7 @@ install_gateway() {
 
   log "Gateway API Inference Extension $GIE_VERSION CRDs (InferencePool)"
   k apply --server-side --force-conflicts -f \
-    "https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/$GIE_VERSION/manifests.yaml"
+    "https://github.com/kubernetes-sigs/gateway-api-inference-extension/releases/download/$GIE_VERSION/v1-manifests.yaml"
   k wait --for=condition=Established --timeout=2m \
     crd/gateways.gateway.networking.k8s.io crd/httproutes.gateway.networking.k8s.io \
     crd/inferencepools.inference.networking.k8s.io
@@ -72,10 +76,10 @@ install_gateway() {
     --set crds.gatewayAPI.enabled=false --set crds.envoyGateway.enabled=true |
     k apply --server-side --force-conflicts -f -
 
-  log "Envoy Gateway $ENVOY_GATEWAY_VERSION with InferencePool backends (e2e/kind/envoy-gateway-values.yaml)"
+  log "Envoy Gateway $ENVOY_GATEWAY_VERSION with InferencePool backends (manifests/gateways/envoy-gateway/helm-values.yaml)"
   h upgrade -i eg oci://docker.io/envoyproxy/gateway-helm --version "$ENVOY_GATEWAY_VERSION" \
     -n envoy-gateway-system --create-namespace --skip-crds \
-    -f e2e/kind/envoy-gateway-values.yaml --wait --timeout 5m
+    -f manifests/gateways/envoy-gateway/helm-values.yaml --wait --timeout 5m
 
   log "Envoy AI Gateway $AI_GATEWAY_VERSION (Envoy Gateway's extension server for InferencePool)"
   h upgrade -i aieg-crd oci://docker.io/envoyproxy/ai-gateway-crds-helm --version "$AI_GATEWAY_VERSION" \
@@ -88,23 +92,21 @@ install_gateway() {
 }
 
 load_images() {
-  log "building kvpick.local/extproc:e2e and kvpick.local/simserver:e2e (Dockerfile)"
-  docker build --target extproc -t kvpick.local/extproc:e2e .
-  docker build --target simserver -t kvpick.local/simserver:e2e .
+  log "building kvpick.local/kvpick:e2e and kvpick.local/simserver:e2e (make image image-simserver)"
+  make image image-simserver IMAGE=kvpick.local/kvpick:e2e SIM_IMAGE=kvpick.local/simserver:e2e
   log "loading the images into the cluster"
-  kind load docker-image --name "$CLUSTER" kvpick.local/extproc:e2e kvpick.local/simserver:e2e
+  kind load docker-image --name "$CLUSTER" kvpick.local/kvpick:e2e kvpick.local/simserver:e2e
 }
 
 deploy() {
-  log "applying manifests/envoy-gateway/cluster and manifests/e2e"
-  k apply -k manifests/envoy-gateway/cluster
+  log "applying manifests/gateways/envoy-gateway/cluster and manifests/e2e"
+  k apply -k manifests/gateways/envoy-gateway/cluster
   k apply -k manifests/e2e
   # Same image tags on every run: restart so that a reused cluster runs the images just loaded.
   k -n "$NS" rollout restart deployment/kvpick-sim
   k -n "$NS" rollout status deployment/kvpick-sim --timeout=3m
-
-  log "static pool: the InferencePool's ready pods into the picker's --endpoints (hack/sync-endpoints.sh)"
-  KUBECTL="kubectl --context $CONTEXT" hack/sync-endpoints.sh -n "$NS" >/dev/null
+  # The picker reads its pool from the InferencePool (Kubernetes mode): it turns Ready once it
+  # has seen the simulators.
   k -n "$NS" rollout restart deployment/kvpick
   k -n "$NS" rollout status deployment/kvpick --timeout=3m
 
@@ -119,10 +121,12 @@ run_tests() {
   svc=$(k -n envoy-gateway-system get service -o jsonpath='{.items[0].metadata.name}' \
     -l "gateway.envoyproxy.io/owning-gateway-name=kvpick-gateway,gateway.envoyproxy.io/owning-gateway-namespace=$NS")
   [ -n "$svc" ] || die "no Envoy Service for Gateway $NS/kvpick-gateway (is Envoy Gateway running?)"
-  # The pool the picker runs with: every answer must come from one of these.
-  eps=$(k -n "$NS" get deployment kvpick \
-    -o jsonpath='{.spec.template.spec.containers[?(@.name=="extproc")].env[?(@.name=="KVPICK_ENDPOINTS")].value}')
-  [ -n "$eps" ] || die "the picker has no endpoints (KVPICK_ENDPOINTS is empty): run make e2e-kind"
+  # The pool's members now: every answer must come from one of them (the suite re-reads the
+  # pods itself after changing them).
+  eps=$(k -n "$NS" get pods -l app=kvpick-model-server --field-selector=status.phase=Running \
+    -o jsonpath='{range .items[*]}{.status.podIP}:8000,{end}')
+  eps=${eps%,}
+  [ -n "$eps" ] || die "no running simulator pods in $NS: run make e2e-kind"
 
   mkdir -p "$LOGS"
   log "port-forward envoy-gateway-system/$svc :80 to 127.0.0.1:$LOCAL_PORT"
@@ -139,6 +143,7 @@ run_tests() {
   status=0
   # shellcheck disable=SC2086
   KVPICK_E2E_GATEWAY="http://127.0.0.1:$LOCAL_PORT" KVPICK_E2E_ENDPOINTS="$eps" \
+    KVPICK_E2E_KUBECTL="kubectl --context $CONTEXT" KVPICK_E2E_NAMESPACE="$NS" \
     "$GO" test -tags kind -count=1 -v ./e2e/kind/ $E2E_TEST_ARGS || status=$?
   if [ "$status" -ne 0 ]; then
     collect_logs

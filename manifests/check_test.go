@@ -28,6 +28,11 @@ type binary struct {
 	configFlag string // flag naming the configuration file, loaded with config.Parse
 	grpcFlag   string // flag of the ext_proc port the InferencePool's picker Service must reach
 	poolFlag   string // flag listing ip:port endpoints
+	// Kubernetes mode: the flag naming the InferencePool to serve, its API group's flag (and
+	// default), the leader-election flag, and the shutdown flags whose sum the pod's grace
+	// period must cover (with config/default.yaml's values when a flag is not given).
+	poolNameFlag, poolGroupFlag, defaultPoolGroup, leaderFlag string
+	drainFlags                                                map[string]string // flag -> config/default.yaml key under shutdown
 }
 
 // world is what the manifests are checked against: the binaries' source.
@@ -48,17 +53,23 @@ func loadWorld() (*world, error) {
 		}
 	}
 	w := &world{binaries: map[string]*binary{
-		"extproc": {
-			main:       "../cmd/extproc/main.go",
+		"kvpick": {
+			main:       "../cmd/extproc",
 			portFlags:  []string{"grpc-port", "grpc-health-port", "metrics-port"},
 			grpcProbes: map[string]string{"livenessProbe": runner["ServiceLiveness"], "readinessProbe": runner["ServiceReadiness"]},
 			healthFlag: "grpc-health-port",
 			configFlag: "config-file",
 			grpcFlag:   "grpc-port",
 			poolFlag:   "endpoints",
+
+			poolNameFlag:     "pool-name",
+			poolGroupFlag:    "pool-group",
+			defaultPoolGroup: "inference.networking.k8s.io",
+			leaderFlag:       "ha-enable-leader-election",
+			drainFlags:       map[string]string{"drain-timeout": "drainTimeout", "shutdown-delay": "delay"},
 		},
 		"simserver": {
-			main:       "../cmd/simserver/main.go",
+			main:       "../cmd/simserver",
 			addrFlags:  []string{"addr"},
 			httpProbes: map[string]string{"livenessProbe": "/health", "readinessProbe": "/health"},
 		},
@@ -67,7 +78,12 @@ func loadWorld() (*world, error) {
 		if b.flags, err = binaryFlags(b.main); err != nil {
 			return nil, err
 		}
-		for _, f := range append(append(append([]string{}, b.portFlags...), b.addrFlags...), b.healthFlag, b.configFlag, b.grpcFlag, b.poolFlag) {
+		need := append(append([]string{}, b.portFlags...), b.addrFlags...)
+		need = append(need, b.healthFlag, b.configFlag, b.grpcFlag, b.poolFlag, b.poolNameFlag, b.poolGroupFlag, b.leaderFlag)
+		for f := range b.drainFlags {
+			need = append(need, f)
+		}
+		for _, f := range need {
 			if _, ok := b.flags[f]; f != "" && !ok {
 				return nil, fmt.Errorf("%s: %s no longer defines --%s; update validate_test.go's world", b.main, name, f)
 			}
@@ -150,6 +166,8 @@ func checkSet(w *world, objs []object, opt checkOptions) []error {
 		routes    []*httpRoute
 		gateways  = map[string]*gateway{}
 		cms       = map[string]*configMap{}
+		roles     = map[string]*role{}
+		bindings  []*roleBinding
 		srcs      = map[any]string{}
 		seen      = map[string]string{}
 	)
@@ -190,11 +208,16 @@ func checkSet(w *world, objs []object, opt checkOptions) []error {
 			gateways[v.Metadata.Name] = v
 		case *configMap:
 			cms[v.Metadata.Name] = v
+		case *role:
+			roles[v.Metadata.Name] = v
+		case *roleBinding:
+			bindings = append(bindings, v)
 		}
 	}
 
 	for _, wl := range workloads {
 		errs = append(errs, checkWorkload(w, wl, cms)...)
+		errs = append(errs, checkKubernetesMode(wl, pools, roles, bindings)...)
 	}
 	for _, s := range services {
 		errs = append(errs, checkService(srcs[s], s, workloads)...)
@@ -636,4 +659,101 @@ func checkPool(src string, p *inferencePool, services []*service, workloads []*w
 		fail("selector %v selects no model server pod template in this set", sel)
 	}
 	return errs
+}
+
+// checkKubernetesMode checks a picker that serves an InferencePool (--pool-name): no static
+// pool beside it, the pool in the set when the set has pools, a grace period that covers its
+// shutdown, and a service account allowed to read the pool and its pods (and to hold a Lease
+// with leader election), through a RoleBinding of this set.
+func checkKubernetesMode(wl *workload, pools []*inferencePool, roles map[string]*role, bindings []*roleBinding) []error {
+	var errs []error
+	fail := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{wl.src}, a...)...))
+	}
+	for _, wc := range wl.containers {
+		b := wc.bin
+		if b == nil || b.poolNameFlag == "" {
+			continue
+		}
+		pool := wc.values[b.poolNameFlag]
+		if pool == "" {
+			continue
+		}
+		if eps := wc.values[b.poolFlag]; eps != "" {
+			fail("--%s and --%s are exclusive: the pool comes from the InferencePool", b.poolNameFlag, b.poolFlag)
+		}
+		group := wc.valueOr(b.poolGroupFlag)
+		if group == "" {
+			group = b.defaultPoolGroup
+		}
+		if len(pools) > 0 && !slices.ContainsFunc(pools, func(p *inferencePool) bool { return p.Metadata.Name == pool }) {
+			fail("--%s=%s names no InferencePool in this set", b.poolNameFlag, pool)
+		}
+		var need time.Duration
+		for flag, key := range b.drainFlags {
+			v, ok := wc.values[flag]
+			if !ok {
+				v = defaultShutdown(key)
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				fail("--%s=%q: not a duration", flag, v)
+			}
+			need += d
+		}
+		if g := wl.d.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < need {
+			fail("terminationGracePeriodSeconds %v is shorter than the picker's shutdown delay + drain timeout (%v): Kubernetes would kill it mid-drain", g, need)
+		}
+		pod := wl.d.Spec.Template.Spec
+		if pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken {
+			fail("automountServiceAccountToken is false: the picker needs its token to watch the InferencePool")
+		}
+		sa := pod.ServiceAccountName
+		if sa == "" {
+			sa = "default"
+		}
+		want := map[string][]string{"/pods": {"get", "list", "watch"}, group + "/inferencepools": {"get", "list", "watch"}}
+		if leader, _ := strconv.ParseBool(wc.valueOr(b.leaderFlag)); leader {
+			want["coordination.k8s.io/leases"] = []string{"create", "get", "update"}
+		}
+		granted := map[string][]string{}
+		for _, rb := range bindings {
+			bound := slices.ContainsFunc(rb.Subjects, func(s struct {
+				Kind      string `json:"kind"`
+				Name      string `json:"name"`
+				Namespace string `json:"namespace,omitempty"`
+			}) bool {
+				return s.Kind == "ServiceAccount" && s.Name == sa && (s.Namespace == "" || s.Namespace == wl.d.Metadata.Namespace)
+			})
+			r := roles[rb.RoleRef.Name]
+			if !bound || rb.RoleRef.Kind != "Role" || r == nil {
+				continue
+			}
+			for _, rule := range r.Rules {
+				for _, g := range rule.APIGroups {
+					for _, res := range rule.Resources {
+						granted[g+"/"+res] = append(granted[g+"/"+res], rule.Verbs...)
+					}
+				}
+			}
+		}
+		for res, verbs := range want {
+			for _, v := range verbs {
+				if !slices.Contains(granted[res], v) && !slices.Contains(granted[res], "*") {
+					fail("service account %q may not %s %s (no RoleBinding in this set grants it)", sa, v, res)
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// defaultShutdown is config/default.yaml's shutdown.<key>.
+func defaultShutdown(key string) string {
+	docs, err := parseDocs("config/default.yaml", config.DefaultYAML())
+	if err != nil || len(docs) != 1 {
+		return ""
+	}
+	v, _ := at(docs[0].Raw, "shutdown", key).(string)
+	return v
 }

@@ -1,7 +1,9 @@
-// Package manifests holds kvpick's Kubernetes manifests (kustomize: base, envoy-gateway, e2e)
-// and a plain Envoy bootstrap (envoy/envoy.yaml). It has no code: its tests check that every
-// document is well formed and agrees with the binaries it runs — flags that cmd/extproc and
-// cmd/simserver define, ports, gRPC health services, the picker's configuration file — and
-// that the Envoy bootstrap decodes against Envoy's protos with the wiring an endpoint picker
-// needs. See manifests/README.md.
+// Package manifests holds kvpick's deployment: a Helm chart (charts/kvpick), kustomize bases
+// and overlays (base, gateways/*, components/ha, e2e), the pinned versions of the gateways
+// (versions.yaml) and a plain Envoy bootstrap (envoy/envoy.yaml). It has no code. Its tests
+// render the chart with Helm's SDK and build every kustomization with kustomize's library as
+// `helm install` and `kubectl apply -k` would, check the objects against the binaries they run
+// (flags, ports, gRPC health services, the configuration file, RBAC for Kubernetes mode),
+// apply them with server-side dry run to a real API server (when KUBE_ASSETS is set), and
+// decode the Envoy bootstrap against Envoy's protos. See manifests/README.md.
 package manifests

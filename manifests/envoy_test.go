@@ -135,7 +135,7 @@ func checkBootstrap(w *world, healthService string, bs *bootstrapv3.Bootstrap) [
 		RequestTrailerMode:  extprocv3.ProcessingMode_SEND,
 		ResponseTrailerMode: extprocv3.ProcessingMode_SEND,
 	}
-	pickerPort, _ := strconv.Atoi(w.binaries["extproc"].flags["grpc-port"].Default)
+	pickerPort, _ := strconv.Atoi(w.binaries["kvpick"].flags["grpc-port"].Default)
 	for _, h := range hcms {
 		filters := h.GetHttpFilters()
 		extIdx := -1

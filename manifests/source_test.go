@@ -5,8 +5,10 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // flagDef is one flag a binary defines, as read from its source.
@@ -30,73 +32,98 @@ var flagMethods = map[string]struct {
 	"Func": {"string", 0, -1}, "Var": {"string", 1, -1}, "TextVar": {"string", 1, -1},
 }
 
-// binaryFlags reads the flags a command defines from its Go source, without building it: calls
-// of flag.FlagSet's defining methods (fs.Int("grpc-port", 9002, ...)) on a FlagSet made with
-// flag.NewFlagSet, or on the flag package itself.
-func binaryFlags(path string) (map[string]flagDef, error) {
+// binaryFlags reads the flags a command defines from the Go source of its package directory
+// (every non-test file), without building it: calls of flag.FlagSet's defining methods
+// (fs.Int("grpc-port", 9002, ...)) on a FlagSet made with flag.NewFlagSet, or on the flag
+// package itself.
+func binaryFlags(dir string) (map[string]flagDef, error) {
 	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, path, nil, 0)
+	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		return nil, err
 	}
-	sets := map[string]bool{"flag": true}
-	ast.Inspect(f, func(n ast.Node) bool {
-		switch n := n.(type) {
-		case *ast.AssignStmt:
-			for i, rhs := range n.Rhs {
-				if i >= len(n.Lhs) || !isCall(rhs, "flag", "NewFlagSet") {
-					continue
-				}
-				if id, ok := n.Lhs[i].(*ast.Ident); ok {
-					sets[id.Name] = true
-				}
-			}
-		case *ast.ValueSpec:
-			for i, v := range n.Values {
-				if i < len(n.Names) && isCall(v, "flag", "NewFlagSet") {
-					sets[n.Names[i].Name] = true
-				}
-			}
+	var files []*ast.File
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
 		}
-		return true
-	})
+		f, err := parser.ParseFile(fset, p, nil, 0)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	sets := map[string]bool{"flag": true}
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.AssignStmt:
+				for i, rhs := range n.Rhs {
+					if i >= len(n.Lhs) || !isCall(rhs, "flag", "NewFlagSet") {
+						continue
+					}
+					if id, ok := n.Lhs[i].(*ast.Ident); ok {
+						sets[id.Name] = true
+					}
+				}
+			case *ast.ValueSpec:
+				for i, v := range n.Values {
+					if i < len(n.Names) && isCall(v, "flag", "NewFlagSet") {
+						sets[n.Names[i].Name] = true
+					}
+				}
+			case *ast.Field:
+				// A *flag.FlagSet parameter (func registerFlags(fs *flag.FlagSet)).
+				if st, ok := n.Type.(*ast.StarExpr); ok {
+					if sel, ok := st.X.(*ast.SelectorExpr); ok && sel.Sel.Name == "FlagSet" {
+						for _, name := range n.Names {
+							sets[name.Name] = true
+						}
+					}
+				}
+			}
+			return true
+		})
+	}
 	flags := map[string]flagDef{}
 	var errs []string
-	ast.Inspect(f, func(n ast.Node) bool {
-		call, ok := n.(*ast.CallExpr)
-		if !ok {
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			x, ok := sel.X.(*ast.Ident)
+			if !ok || !sets[x.Name] {
+				return true
+			}
+			m, ok := flagMethods[sel.Sel.Name]
+			if !ok || len(call.Args) <= m.name {
+				return true
+			}
+			lit, ok := call.Args[m.name].(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				errs = append(errs, fmt.Sprintf("%s: flag name is not a string literal", fset.Position(call.Pos())))
+				return true
+			}
+			name, _ := strconv.Unquote(lit.Value)
+			d := flagDef{Type: m.typ}
+			if m.dflt >= 0 && m.dflt < len(call.Args) {
+				d.Default = literal(call.Args[m.dflt])
+			}
+			flags[name] = d
 			return true
-		}
-		sel, ok := call.Fun.(*ast.SelectorExpr)
-		if !ok {
-			return true
-		}
-		x, ok := sel.X.(*ast.Ident)
-		if !ok || !sets[x.Name] {
-			return true
-		}
-		m, ok := flagMethods[sel.Sel.Name]
-		if !ok || len(call.Args) <= m.name {
-			return true
-		}
-		lit, ok := call.Args[m.name].(*ast.BasicLit)
-		if !ok || lit.Kind != token.STRING {
-			errs = append(errs, fmt.Sprintf("%s: flag name is not a string literal", fset.Position(call.Pos())))
-			return true
-		}
-		name, _ := strconv.Unquote(lit.Value)
-		d := flagDef{Type: m.typ}
-		if m.dflt >= 0 && m.dflt < len(call.Args) {
-			d.Default = literal(call.Args[m.dflt])
-		}
-		flags[name] = d
-		return true
-	})
+		})
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	if len(flags) == 0 {
-		return nil, fmt.Errorf("%s: found no flag definitions", path)
+		return nil, fmt.Errorf("%s: found no flag definitions", dir)
 	}
 	return flags, nil
 }
@@ -114,7 +141,8 @@ func isCall(e ast.Expr, pkg, fn string) bool {
 	return ok && x.Name == pkg && sel.Sel.Name == fn
 }
 
-// literal returns the value of a basic literal or true/false, and "" for anything else.
+// literal returns the value of a basic literal, true/false, or a duration written as
+// N*time.Unit (as its time.Duration text), and "" for anything else.
 func literal(e ast.Expr) string {
 	switch e := e.(type) {
 	case *ast.BasicLit:
@@ -127,8 +155,42 @@ func literal(e ast.Expr) string {
 		if e.Name == "true" || e.Name == "false" {
 			return e.Name
 		}
+	case *ast.SelectorExpr, *ast.BinaryExpr, *ast.ParenExpr:
+		if d, ok := durationExpr(e); ok {
+			return d.String()
+		}
 	}
 	return ""
+}
+
+var timeUnits = map[string]time.Duration{
+	"Nanosecond": time.Nanosecond, "Microsecond": time.Microsecond, "Millisecond": time.Millisecond,
+	"Second": time.Second, "Minute": time.Minute, "Hour": time.Hour,
+}
+
+// durationExpr evaluates products of integer literals and time units (10 * time.Minute).
+func durationExpr(e ast.Expr) (time.Duration, bool) {
+	switch e := e.(type) {
+	case *ast.ParenExpr:
+		return durationExpr(e.X)
+	case *ast.SelectorExpr:
+		if x, ok := e.X.(*ast.Ident); ok && x.Name == "time" {
+			d, ok := timeUnits[e.Sel.Name]
+			return d, ok
+		}
+	case *ast.BasicLit:
+		if e.Kind == token.INT {
+			n, err := strconv.ParseInt(e.Value, 0, 64)
+			return time.Duration(n), err == nil
+		}
+	case *ast.BinaryExpr:
+		if e.Op == token.MUL {
+			a, ok1 := durationExpr(e.X)
+			b, ok2 := durationExpr(e.Y)
+			return a * b, ok1 && ok2
+		}
+	}
+	return 0, false
 }
 
 // stringConsts reads the string constants declared in a Go file (name → value).

@@ -306,6 +306,37 @@ type podDisruptionBudget struct {
 	} `json:"spec"`
 }
 
+type role struct {
+	header
+	Rules []struct {
+		APIGroups     []string `json:"apiGroups"`
+		Resources     []string `json:"resources"`
+		Verbs         []string `json:"verbs"`
+		ResourceNames []string `json:"resourceNames,omitempty"`
+	} `json:"rules"`
+}
+
+type roleBinding struct {
+	header
+	Subjects []struct {
+		Kind      string `json:"kind"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace,omitempty"`
+	} `json:"subjects"`
+	RoleRef struct {
+		APIGroup string `json:"apiGroup"`
+		Kind     string `json:"kind"`
+		Name     string `json:"name"`
+	} `json:"roleRef"`
+}
+
+// opaque is a kind whose spec is checked only by the API server's dry run (dryrun_test.go)
+// against its CRD: Istio's, GKE's and the Prometheus Operator's.
+type opaque struct {
+	header
+	Spec map[string]any `json:"spec"`
+}
+
 // schemas maps apiVersion/kind to a new value of its type. A kind missing here is an error:
 // teach this file its fields before using it.
 var schemas = map[string]func() any{
@@ -315,11 +346,18 @@ var schemas = map[string]func() any{
 	"v1/ServiceAccount":             func() any { return new(serviceAccount) },
 	"v1/Namespace":                  func() any { return new(namespace) },
 	"policy/v1/PodDisruptionBudget": func() any { return new(podDisruptionBudget) },
-	"inference.networking.k8s.io/v1/InferencePool": func() any { return new(inferencePool) },
-	"gateway.networking.k8s.io/v1/HTTPRoute":       func() any { return new(httpRoute) },
-	"gateway.networking.k8s.io/v1/Gateway":         func() any { return new(gateway) },
-	"gateway.networking.k8s.io/v1/GatewayClass":    func() any { return new(gatewayClass) },
-	"gateway.envoyproxy.io/v1alpha1/EnvoyProxy":    func() any { return new(envoyProxy) },
+	"inference.networking.k8s.io/v1/InferencePool":         func() any { return new(inferencePool) },
+	"gateway.networking.k8s.io/v1/HTTPRoute":               func() any { return new(httpRoute) },
+	"gateway.networking.k8s.io/v1/Gateway":                 func() any { return new(gateway) },
+	"gateway.networking.k8s.io/v1/GatewayClass":            func() any { return new(gatewayClass) },
+	"gateway.envoyproxy.io/v1alpha1/EnvoyProxy":            func() any { return new(envoyProxy) },
+	"rbac.authorization.k8s.io/v1/Role":                    func() any { return new(role) },
+	"rbac.authorization.k8s.io/v1/RoleBinding":             func() any { return new(roleBinding) },
+	"networking.istio.io/v1/DestinationRule":               func() any { return new(opaque) },
+	"networking.gke.io/v1/HealthCheckPolicy":               func() any { return new(opaque) },
+	"networking.gke.io/v1/GCPBackendPolicy":                func() any { return new(opaque) },
+	"monitoring.coreos.com/v1/ServiceMonitor":              func() any { return new(opaque) },
+	"inference.networking.x-k8s.io/v1alpha2/InferencePool": func() any { return new(opaque) },
 }
 
 // clusterScoped kinds have no namespace. kustomize knows the built-in ones; it would give a

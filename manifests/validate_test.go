@@ -2,13 +2,12 @@ package manifests
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
+	"slices"
 	"strings"
 	"testing"
-
-	"github.com/kvpick/kvpick/config"
 )
 
 func mustWorld(t *testing.T) *world {
@@ -26,24 +25,24 @@ func optionsFor(dir string) checkOptions {
 	return checkOptions{poolMembers: filepath.Base(dir) == "e2e"}
 }
 
-// TestManifests builds every kustomization under manifests/ as kubectl apply -k would and
-// checks its objects against the binaries' source.
+// TestManifests builds every kustomization under manifests/ as `kubectl apply -k` would and
+// checks its objects against the binaries' source. Components are built inside an overlay
+// (TestHAComponent).
 func TestManifests(t *testing.T) {
 	w := mustWorld(t)
 	dirs, err := kustomizations(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"base", "e2e", "envoy-gateway", filepath.Join("envoy-gateway", "cluster")} {
-		found := false
-		for _, d := range dirs {
-			found = found || d == want
-		}
-		if !found {
+	for _, want := range []string{"base", "e2e", "gateways/envoy-gateway", "gateways/envoy-gateway/cluster", "gateways/istio", "gateways/kgateway", "components/ha"} {
+		if !slices.Contains(dirs, filepath.FromSlash(want)) {
 			t.Errorf("no kustomization in manifests/%s", want)
 		}
 	}
 	for _, dir := range dirs {
+		if isComponent(t, dir) {
+			continue
+		}
 		t.Run(filepath.ToSlash(dir), func(t *testing.T) {
 			objs, err := build(dir)
 			if err != nil {
@@ -59,24 +58,121 @@ func TestManifests(t *testing.T) {
 	}
 }
 
-// TestEveryManifestIsInAKustomization: a YAML file under manifests/ that no kustomization
-// lists would never be applied (envoy/ holds an Envoy bootstrap, not Kubernetes objects).
+func kustomizationFile(t *testing.T, dir string) map[string]any {
+	t.Helper()
+	objs, err := loadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil || len(objs) != 1 {
+		t.Fatalf("%s/kustomization.yaml: %v", dir, err)
+	}
+	return objs[0].Raw
+}
+
+func isComponent(t *testing.T, dir string) bool {
+	return kustomizationFile(t, dir)["kind"] == "Component"
+}
+
+// TestHAComponent builds base + components/ha as an overlay would and checks that it turns
+// leader election on with what it needs: the flag, replicas, Recreate and Lease access (the
+// RBAC check of checkSet refuses leader election without it).
+func TestHAComponent(t *testing.T) {
+	w := mustWorld(t)
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	// kustomize takes relative paths only.
+	rel := func(p string) string {
+		r, err := filepath.Rel(dir, filepath.Join(root, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + rel("base") +
+		"\ncomponents:\n- " + rel(filepath.Join("components", "ha")) + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := build(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range checkSet(w, objs, checkOptions{}) {
+		t.Error(err)
+	}
+	var d deployment
+	for _, o := range objs {
+		if o.Kind() == "Deployment" {
+			if err := o.decode(&d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 || !slices.Contains(c.Args, "--ha-enable-leader-election") ||
+		at(d.Spec.Strategy, "type") != "Recreate" {
+		t.Errorf("replicas %v, strategy %v, args %v: want 2 replicas, Recreate and --ha-enable-leader-election", d.Spec.Replicas, d.Spec.Strategy, c.Args)
+	}
+	// Without the Role's Lease rule the checks must object.
+	for _, o := range objs {
+		if o.Kind() == "Role" {
+			rules := o.Raw["rules"].([]any)
+			o.Raw["rules"] = rules[:len(rules)-1]
+		}
+	}
+	errs := checkSet(w, objs, checkOptions{})
+	if !slices.ContainsFunc(errs, func(e error) bool { return strings.Contains(e.Error(), "coordination.k8s.io/leases") }) {
+		t.Errorf("leader election without Lease access passed the checks: %v", errs)
+	}
+}
+
+// Files under manifests/ that are not Kubernetes objects for kustomize: the Helm chart, the
+// plain Envoy bootstrap, Helm values for a gateway's own chart, the pinned versions.
+func notKustomized(p string) bool {
+	p = filepath.ToSlash(p)
+	return strings.HasPrefix(p, "charts/") || strings.HasPrefix(p, "envoy/") ||
+		strings.HasSuffix(p, "helm-values.yaml") || p == "versions.yaml"
+}
+
+// TestEveryManifestIsInAKustomization: kustomize applies only what a kustomization names, so a
+// YAML file beside a kustomization.yaml that it does not name (as a resource, a generator's
+// file or a patch) would silently never be applied.
 func TestEveryManifestIsInAKustomization(t *testing.T) {
+	listed := map[string]bool{}
 	dirs, err := kustomizations(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	inKustomization := map[string]bool{}
 	for _, d := range dirs {
-		inKustomization[d] = true
+		k := kustomizationFile(t, d)
+		var names []string
+		for _, key := range []string{"resources", "components"} {
+			for _, r := range asList(k[key]) {
+				names = append(names, fmt.Sprint(r))
+			}
+		}
+		for _, g := range asList(k["configMapGenerator"]) {
+			for _, f := range asList(at(g, "files")) {
+				names = append(names, fmt.Sprint(f))
+			}
+		}
+		for _, p := range asList(k["patches"]) {
+			if path, ok := at(p, "path").(string); ok {
+				names = append(names, path)
+			}
+		}
+		for _, n := range names {
+			listed[filepath.Join(d, n)] = true
+		}
+		listed[filepath.Join(d, "kustomization.yaml")] = true
 	}
 	err = filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		dir := filepath.Dir(p)
-		if ext := filepath.Ext(p); (ext == ".yaml" || ext == ".yml") && dir != "envoy" && !inKustomization[dir] {
-			t.Errorf("%s: not in a kustomization directory", p)
+		if ext := filepath.Ext(p); (ext == ".yaml" || ext == ".yml") && !notKustomized(p) && !listed[p] {
+			t.Errorf("%s: no kustomization names it, so it is never applied", p)
 		}
 		return nil
 	})
@@ -84,6 +180,8 @@ func TestEveryManifestIsInAKustomization(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func asList(v any) []any { l, _ := v.([]any); return l }
 
 // TestGatewayWiring checks references across kustomizations: each Gateway's class exists, and
 // the class's parameters (Envoy Gateway's EnvoyProxy) exist where it says.
@@ -122,8 +220,13 @@ func TestGatewayWiring(t *testing.T) {
 	if len(gateways) == 0 {
 		t.Fatal("no Gateway in manifests/")
 	}
+	// Classes the gateways' own installs create (docs/deploy.md): Istio's and agentgateway's.
+	installed := map[string]bool{"istio": true, "agentgateway": true}
 	for _, g := range gateways {
 		c := classes[g.Spec.GatewayClassName]
+		if c == nil && installed[g.Spec.GatewayClassName] {
+			continue
+		}
 		if c == nil {
 			t.Errorf("Gateway %q: GatewayClass %q is not defined under manifests/", g.Metadata.Name, g.Spec.GatewayClassName)
 			continue
@@ -141,59 +244,24 @@ func TestGatewayWiring(t *testing.T) {
 	}
 }
 
-// TestConfigMapMatchesDefaults: the base ConfigMap is documented as a copy of
-// config/default.yaml; it must say the same thing (comments and order aside).
-func TestConfigMapMatchesDefaults(t *testing.T) {
-	objs, err := loadFile(filepath.Join("base", "configmap.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cm configMap
-	if len(objs) != 1 || objs[0].decode(&cm) != nil || cm.Metadata.Name != "kvpick-config" {
-		t.Fatalf("base/configmap.yaml: want one ConfigMap kvpick-config")
-	}
-	text, ok := cm.Data["config.yaml"]
-	if !ok {
-		t.Fatal("ConfigMap kvpick-config has no config.yaml")
-	}
-	got, err := config.Parse([]byte(text))
-	if err != nil {
-		t.Fatalf("config.Parse: %v", err)
-	}
-	if !reflect.DeepEqual(normalize(t, got), normalize(t, config.Default())) {
-		t.Errorf("manifests/base/configmap.yaml no longer matches config/default.yaml: run hack/gen-configmap.sh")
-	}
-}
-
-// normalize turns a configuration into plain values, so that plugin parameters compare by
-// value rather than by their JSON text.
-func normalize(t *testing.T, c *config.Config) any {
-	t.Helper()
-	b, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // TestBinaryFlagsFromSource guards the AST reader the checks depend on: it must find the
 // picker's documented flags with their defaults.
 func TestBinaryFlagsFromSource(t *testing.T) {
 	w := mustWorld(t)
-	flags := w.binaries["extproc"].flags
+	flags := w.binaries["kvpick"].flags
 	for name, want := range map[string]flagDef{
-		"grpc-port":        {Type: "int", Default: "9002"},
-		"grpc-health-port": {Type: "int", Default: "9003"},
-		"metrics-port":     {Type: "int", Default: "9090"},
-		"config-file":      {Type: "string"},
-		"endpoints":        {Type: "string"},
-		"secure-serving":   {Type: "bool", Default: "true"},
-		"cert-path":        {Type: "string"},
-		"log-level":        {Type: "string", Default: "info"},
+		"grpc-port":                 {Type: "int", Default: "9002"},
+		"grpc-health-port":          {Type: "int", Default: "9003"},
+		"metrics-port":              {Type: "int", Default: "9090"},
+		"config-file":               {Type: "string"},
+		"endpoints":                 {Type: "string"},
+		"secure-serving":            {Type: "bool", Default: "true"},
+		"cert-path":                 {Type: "string"},
+		"log-level":                 {Type: "string", Default: "info"},
+		"pool-name":                 {Type: "string"},
+		"pool-group":                {Type: "string"},
+		"ha-enable-leader-election": {Type: "bool", Default: "false"},
+		"drain-timeout":             {Type: "duration"},
 	} {
 		if got, ok := flags[name]; !ok || got != want {
 			t.Errorf("--%s: got %+v (defined %v), want %+v", name, got, ok, want)
@@ -231,7 +299,8 @@ func e2eSet(t *testing.T) []object {
 func find(t *testing.T, objs []object, kind, name string) map[string]any {
 	t.Helper()
 	for _, o := range objs {
-		if o.Kind() == kind && o.Name() == name {
+		// ConfigMaps from a configMapGenerator carry a hash suffix.
+		if o.Kind() == kind && (o.Name() == name || kind == "ConfigMap" && strings.HasPrefix(o.Name(), name+"-")) {
 			return o.Raw
 		}
 	}
@@ -260,6 +329,11 @@ func replaceArg(t *testing.T, c map[string]any, old, new string) {
 	t.Fatalf("no arg %q in %v", old, args)
 }
 
+func appendArg(c map[string]any, arg string) {
+	args, _ := c["args"].([]any)
+	c["args"] = append(args, arg)
+}
+
 func TestChecksCatchBrokenManifests(t *testing.T) {
 	w := mustWorld(t)
 	if errs := checkSet(w, e2eSet(t), checkOptions{poolMembers: true}); len(errs) > 0 {
@@ -284,7 +358,7 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 		}, "listens on 9091"},
 		{"env reference without env", func(t *testing.T, o []object) {
 			containerOf(t, o, "kvpick")["env"] = []any{}
-		}, "$(KVPICK_ENDPOINTS), which is not in env"},
+		}, "$(NAMESPACE), which is not in env"},
 		{"wrong readiness service", func(t *testing.T, o []object) {
 			at(containerOf(t, o, "kvpick"), "readinessProbe", "grpc").(map[string]any)["service"] = "ready"
 		}, `readinessProbe: gRPC service "ready", want "readiness"`},
@@ -334,7 +408,7 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 			find(t, o, "ConfigMap", "kvpick-config")["data"] = map[string]any{"config.yaml": "pool:\n  endpoint: []\n"}
 		}, `unknown field "endpoint"`},
 		{"config file not in the ConfigMap", func(t *testing.T, o []object) {
-			replaceArg(t, containerOf(t, o, "kvpick"), "--config-file=/etc/kvpick/config.yaml", "--config-file=/etc/kvpick/kvpick.yaml")
+			replaceArg(t, containerOf(t, o, "kvpick"), "--config-file=/config/config.yaml", "--config-file=/config/kvpick.yaml")
 		}, `has no key "kvpick.yaml"`},
 		{"misspelt field", func(t *testing.T, o []object) {
 			c := containerOf(t, o, "kvpick")
@@ -350,9 +424,28 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 		{"selector the pods do not carry", func(t *testing.T, o []object) {
 			at(find(t, o, "Deployment", "kvpick"), "spec", "selector").(map[string]any)["matchLabels"] = map[string]any{"app": "x"}
 		}, "does not match the pod template's labels"},
+		{"static pool beside the InferencePool", func(t *testing.T, o []object) {
+			appendArg(containerOf(t, o, "kvpick"), "--endpoints=10.0.0.1:8000")
+		}, "--pool-name and --endpoints are exclusive"},
 		{"static endpoint that is not ip:port", func(t *testing.T, o []object) {
-			replaceArg(t, containerOf(t, o, "kvpick"), "--endpoints=$(KVPICK_ENDPOINTS)", "--endpoints=sim-0:8000")
+			appendArg(containerOf(t, o, "kvpick"), "--endpoints=sim-0:8000")
 		}, `"sim-0:8000" is not ip:port`},
+		{"picker serving a pool that is not there", func(t *testing.T, o []object) {
+			replaceArg(t, containerOf(t, o, "kvpick"), "--pool-name=kvpick-pool", "--pool-name=llama")
+		}, "--pool-name=llama names no InferencePool"},
+		{"grace period shorter than the drain", func(t *testing.T, o []object) {
+			at(find(t, o, "Deployment", "kvpick"), "spec", "template", "spec").(map[string]any)["terminationGracePeriodSeconds"] = 30
+		}, "shorter than the picker's shutdown delay + drain timeout"},
+		{"no right to read pods", func(t *testing.T, o []object) {
+			r := find(t, o, "Role", "kvpick")
+			r["rules"] = r["rules"].([]any)[1:]
+		}, `may not list /pods`},
+		{"binding to another service account", func(t *testing.T, o []object) {
+			at(find(t, o, "RoleBinding", "kvpick"), "subjects", 0).(map[string]any)["name"] = "default"
+		}, `service account "kvpick" may not watch inference.networking.k8s.io/inferencepools`},
+		{"no token to watch with", func(t *testing.T, o []object) {
+			at(find(t, o, "Deployment", "kvpick"), "spec", "template", "spec").(map[string]any)["automountServiceAccountToken"] = false
+		}, "automountServiceAccountToken is false"},
 		{"unknown kind", func(t *testing.T, o []object) {
 			find(t, o, "ServiceAccount", "kvpick")["kind"] = "ServiceAcount"
 		}, "no schema for v1/ServiceAcount"},
@@ -385,57 +478,5 @@ func TestBrokenDocumentsAreRefused(t *testing.T) {
 	objs, err := parseDocs("two.yaml", []byte("# comment only\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: a\n---\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: b\n"))
 	if err != nil || len(objs) != 2 || objs[1].Name() != "b" {
 		t.Errorf("multi-document stream: %v, %v", objs, err)
-	}
-}
-
-func TestKustomizationMistakesAreRefused(t *testing.T) {
-	write := func(t *testing.T, dir string, files map[string]string) {
-		t.Helper()
-		for name, text := range files {
-			p := filepath.Join(dir, name)
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	const head = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-	const ns = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: a\n"
-	const class = "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata:\n  name: c\nspec:\n  controllerName: x/y\n"
-	tests := []struct {
-		name  string
-		files map[string]string
-		want  string
-	}{
-		{"missing resource", map[string]string{"kustomization.yaml": head + "resources: [gone.yaml]\n"}, "gone.yaml"},
-		{"unlisted file", map[string]string{"kustomization.yaml": head + "resources: [a.yaml]\n", "a.yaml": ns, "b.yaml": ns}, "b.yaml is not listed"},
-		{"unmodelled field", map[string]string{"kustomization.yaml": head + "namePrefix: x-\nresources: [a.yaml]\n", "a.yaml": ns}, "namePrefix"},
-		{"cluster-scoped custom kind under a namespace", map[string]string{"kustomization.yaml": head + "namespace: ns1\nresources: [c.yaml]\n", "c.yaml": class}, "cluster-scoped"},
-		{"image that matches nothing", map[string]string{"kustomization.yaml": head + "resources: [a.yaml]\nimages:\n- name: ghcr.io/kvpick/extproc\n  newTag: x\n", "a.yaml": ns}, "matches no container image"},
-		{"remote resource", map[string]string{"kustomization.yaml": head + "resources: [https://example.com/x.yaml]\n"}, "remote resource"},
-		{"broken YAML in a resource", map[string]string{"kustomization.yaml": head + "resources: [a.yaml]\n", "a.yaml": "kind: [\n"}, "not valid YAML"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			write(t, dir, tc.files)
-			_, err := build(dir)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("build: %v, want an error mentioning %q", err, tc.want)
-			}
-		})
-	}
-	// And a namespaced overlay does set the namespace.
-	dir := t.TempDir()
-	write(t, dir, map[string]string{
-		"kustomization.yaml":      head + "namespace: ns1\nresources: [base]\n",
-		"base/kustomization.yaml": head + "resources: [s.yaml]\n",
-		"base/s.yaml":             "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: s\n",
-	})
-	objs, err := build(dir)
-	if err != nil || len(objs) != 1 || objs[0].Namespace() != "ns1" {
-		t.Errorf("overlay namespace: %v %v", objs, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -389,5 +390,97 @@ func TestStreaming(t *testing.T) {
 	t.Logf("%d content events, first after %v, [DONE] %v later", contentEvents, ttft, spread)
 	if spread < 300*time.Millisecond {
 		t.Errorf("events arrived within %v of each other: the stream was buffered, not streamed", spread)
+	}
+}
+
+// Set by hack/e2e-kind.sh: how to reach the cluster, for the tests that change its pods.
+var (
+	kubectl   = strings.Fields(envOr("KVPICK_E2E_KUBECTL", "kubectl --context kind-kvpick-e2e"))
+	namespace = envOr("KVPICK_E2E_NAMESPACE", "kvpick-e2e")
+)
+
+func kube(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, kubectl[0], append(append(slices.Clone(kubectl[1:]), "-n", namespace), args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", strings.Join(kubectl, " "), strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// poolMembers lists the simulators' ip:port as the API server sees them now: Running pods
+// that are Ready and not being deleted.
+func poolMembers(t *testing.T) map[string]string {
+	t.Helper()
+	out := kube(t, "get", "pods", "-l", "app=kvpick-model-server", "-o",
+		`jsonpath={range .items[?(@.status.phase=="Running")]}{.metadata.name} {.status.podIP} {.metadata.deletionTimestamp} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+	members := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[2] == "True" { // no deletionTimestamp
+			members[f[1]+":8000"] = f[0]
+		}
+	}
+	return members
+}
+
+// TestPoolFollowsPodChanges: the picker reads its pool from the InferencePool. Replacing a
+// simulator pod (new pod, new IP) must not cost a request, nor restart the picker, and every
+// answer must come from a pod that is a pool member when it is sent: the deleted pod's address
+// leaves the pool, the new one joins it once Ready.
+func TestPoolFollowsPodChanges(t *testing.T) {
+	restarts := func() string {
+		return kube(t, "get", "pods", "-l", "app.kubernetes.io/name=kvpick", "-o", "jsonpath={.items[*].status.containerStatuses[*].restartCount}")
+	}
+	pickerPods := kube(t, "get", "pods", "-l", "app.kubernetes.io/name=kvpick", "-o", "jsonpath={.items[*].metadata.name}")
+	before := restarts()
+	members := poolMembers(t)
+	if len(members) < 2 {
+		t.Fatalf("pool members %v: want the four simulators", members)
+	}
+	var victim, victimAddr string
+	for addr, pod := range members {
+		victim, victimAddr = pod, addr
+		break
+	}
+	kube(t, "delete", "pod", victim, "--wait=true")
+	kube(t, "rollout", "status", "deployment/kvpick-sim", "--timeout=3m")
+
+	// The picker drops the deleted pod at once; give the gateway's own endpoint view (which it
+	// also needs for the ORIGINAL_DST upstream) a moment to settle, then every request must
+	// succeed on a current member.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		now := poolMembers(t)
+		if _, gone := now[victimAddr]; !gone && len(now) == len(members) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool members %v a minute after deleting %s", now, victim)
+		}
+		time.Sleep(time.Second)
+	}
+	now := poolMembers(t)
+	for i := range 20 {
+		resp, body, err := post(context.Background(), chatBody(model, []message{{Role: "user", Content: fmt.Sprintf("After the change, request %d.", i)}}, 4, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, truncate(body))
+		}
+		s := resp.Header.Get("x-served-by")
+		if s == victimAddr {
+			t.Fatalf("request %d served by %s, the deleted pod's address", i, s)
+		}
+		if _, ok := now[s]; !ok {
+			t.Fatalf("request %d served by %s, not a pool member %v", i, s, now)
+		}
+	}
+	if got := kube(t, "get", "pods", "-l", "app.kubernetes.io/name=kvpick", "-o", "jsonpath={.items[*].metadata.name}"); got != pickerPods || restarts() != before {
+		t.Errorf("the picker was replaced or restarted (pods %q -> %q, restarts %q -> %q): pod changes must not restart it", pickerPods, got, before, restarts())
 	}
 }
