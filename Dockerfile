@@ -1,7 +1,7 @@
 # kvpick images: static Go binaries on an empty (scratch) base, running as a non-root user.
 #
-#   docker build -t kvpick/extproc .                            # the endpoint picker (default)
-#   docker build --target simserver -t kvpick/simserver .       # the simulated vLLM server
+#   make image IMAGE=<registry>/kvpick:<tag> PUSH=1            # the endpoint picker (default target)
+#   make image-simserver SIM_IMAGE=<registry>/simserver:<tag>   # the simulated vLLM server
 #
 # Multi-arch: docker buildx build --platform linux/amd64,linux/arm64 ... (the build stage runs
 # on the builder's platform and cross-compiles; no emulation).

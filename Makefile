@@ -45,6 +45,22 @@ vet:
 e2e:
 	$(GO) test -race -count=1 -timeout 10m ./e2e/
 
+## image: build the picker's container image IMAGE from the Dockerfile; PUSH=1 also pushes it
+## (no image is published: `make image IMAGE=<registry>/kvpick:<tag> PUSH=1`, docs/deploy.md)
+IMAGE     ?= kvpick.local/kvpick:dev
+SIM_IMAGE ?= kvpick.local/simserver:dev
+DOCKER    ?= docker
+PUSH      ?=
+.PHONY: image image-simserver
+image:
+	$(DOCKER) build --target extproc -t $(IMAGE) .
+	@if [ -n "$(PUSH)" ]; then $(DOCKER) push $(IMAGE); fi
+
+## image-simserver: the simulated vLLM server's image SIM_IMAGE (the kind suite's model servers)
+image-simserver:
+	$(DOCKER) build --target simserver -t $(SIM_IMAGE) .
+	@if [ -n "$(PUSH)" ]; then $(DOCKER) push $(SIM_IMAGE); fi
+
 ## demo: start the demo stack and replay the demo workload against round-robin
 demo:
 	$(GO) run ./cmd/demo --load
