@@ -1,9 +1,10 @@
-// Package promtext reads the Prometheus text exposition format: enough of a /metrics page for
-// the load and replay tools to report what the picker measured about itself.
+// Package promtext reads a Prometheus /metrics page for the load and replay tools: the page is
+// parsed by prometheus/common's expfmt, and this package answers the questions a report asks of
+// it — a metric's value or sum over its series, a histogram's buckets, a quantile over a window
+// between two scrapes.
 package promtext
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -13,132 +14,82 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
-// Sample is one series of a scraped metric.
-type Sample struct {
-	Labels map[string]string
-	Value  float64
-}
-
-// Metrics is one scrape in the Prometheus text exposition format, by metric (series) name:
-// a histogram h appears as h_bucket (with "le"), h_sum and h_count.
+// Metrics is one scrape, by metric family.
 type Metrics struct {
-	Series map[string][]Sample
+	families map[string]*dto.MetricFamily
 }
 
-// ParseMetrics reads the Prometheus text format (version 0.0.4). It keeps what a load report
-// needs: every sample's name, labels and value; comments, types and timestamps are skipped.
+// ParseMetrics reads the Prometheus text exposition format (what client_golang and vLLM serve).
 func ParseMetrics(r io.Reader) (*Metrics, error) {
-	m := &Metrics{Series: map[string][]Sample{}}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	for ln := 1; sc.Scan(); ln++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, s, err := parseSampleLine(line)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %d: %v: %q", ln, err, line)
-		}
-		m.Series[name] = append(m.Series[name], s)
-	}
-	if err := sc.Err(); err != nil {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
 		return nil, err
 	}
-	return m, nil
+	return &Metrics{families: fams}, nil
 }
 
-func parseSampleLine(line string) (string, Sample, error) {
-	var s Sample
-	i := strings.IndexAny(line, "{ \t")
-	if i <= 0 {
-		return "", s, fmt.Errorf("no value")
+// samples returns the values of the series named name: a counter's, gauge's or untyped metric's
+// own series, or a histogram's or summary's name_sum and name_count series (name_bucket: every
+// bucket's cumulative count). nil when the page has no such series.
+func (m *Metrics) samples(name string) []float64 {
+	if m == nil {
+		return nil
 	}
-	name := line[:i]
-	rest := line[i:]
-	if rest[0] == '{' {
-		s.Labels = map[string]string{}
-		j := 1
-		for {
-			for j < len(rest) && (rest[j] == ' ' || rest[j] == ',') {
-				j++
+	var out []float64
+	if f := m.families[name]; f != nil {
+		for _, s := range f.GetMetric() {
+			switch f.GetType() {
+			case dto.MetricType_COUNTER:
+				out = append(out, s.GetCounter().GetValue())
+			case dto.MetricType_GAUGE:
+				out = append(out, s.GetGauge().GetValue())
+			case dto.MetricType_UNTYPED:
+				out = append(out, s.GetUntyped().GetValue())
 			}
-			if j >= len(rest) {
-				return "", s, fmt.Errorf("unterminated labels")
-			}
-			if rest[j] == '}' {
-				j++
-				break
-			}
-			eq := strings.IndexByte(rest[j:], '=')
-			if eq < 0 {
-				return "", s, fmt.Errorf("label without '='")
-			}
-			key := strings.TrimSpace(rest[j : j+eq])
-			j += eq + 1
-			if j >= len(rest) || rest[j] != '"' {
-				return "", s, fmt.Errorf("label %s: value not quoted", key)
-			}
-			j++
-			var val strings.Builder
-			for ; j < len(rest) && rest[j] != '"'; j++ {
-				c := rest[j]
-				if c == '\\' && j+1 < len(rest) {
-					j++
-					switch rest[j] {
-					case 'n':
-						c = '\n'
-					default:
-						c = rest[j]
-					}
-				}
-				val.WriteByte(c)
-			}
-			if j >= len(rest) {
-				return "", s, fmt.Errorf("label %s: unterminated value", key)
-			}
-			j++ // closing quote
-			s.Labels[key] = val.String()
 		}
-		rest = rest[j:]
+		return out
 	}
-	fields := strings.Fields(rest)
-	if len(fields) == 0 {
-		return "", s, fmt.Errorf("no value")
+	for _, suffix := range []string{"_sum", "_count", "_bucket"} {
+		base, ok := strings.CutSuffix(name, suffix)
+		f := m.families[base]
+		if !ok || f == nil {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			switch {
+			case s.Histogram != nil && suffix == "_sum":
+				out = append(out, s.GetHistogram().GetSampleSum())
+			case s.Histogram != nil && suffix == "_count":
+				out = append(out, sampleCount(s.GetHistogram()))
+			case s.Histogram != nil:
+				for _, b := range buckets(s.GetHistogram()) {
+					out = append(out, b.Count)
+				}
+			case s.Summary != nil && suffix == "_sum":
+				out = append(out, s.GetSummary().GetSampleSum())
+			case s.Summary != nil && suffix == "_count":
+				out = append(out, float64(s.GetSummary().GetSampleCount()))
+			}
+		}
 	}
-	v, err := parseFloat(fields[0])
-	if err != nil {
-		return "", s, err
-	}
-	s.Value = v
-	return name, s, nil
-}
-
-func parseFloat(s string) (float64, error) {
-	switch s {
-	case "+Inf", "Inf":
-		return math.Inf(1), nil
-	case "-Inf":
-		return math.Inf(-1), nil
-	case "NaN":
-		return math.NaN(), nil
-	}
-	return strconv.ParseFloat(s, 64)
+	return out
 }
 
 // Has reports whether the scrape holds a series named name.
-func (m *Metrics) Has(name string) bool { return m != nil && len(m.Series[name]) > 0 }
+func (m *Metrics) Has(name string) bool { return len(m.samples(name)) > 0 }
 
 // Sum returns the sum of the named metric over all its series (0 when absent).
 func (m *Metrics) Sum(name string) float64 {
-	if m == nil {
-		return 0
-	}
 	var sum float64
-	for _, s := range m.Series[name] {
-		sum += s.Value
+	for _, v := range m.samples(name) {
+		sum += v
 	}
 	return sum
 }
@@ -146,10 +97,15 @@ func (m *Metrics) Sum(name string) float64 {
 // Value returns the named metric's value, summed over its series, or NaN when absent: for
 // reports that must tell "0" from "not exported".
 func (m *Metrics) Value(name string) float64 {
-	if !m.Has(name) {
+	vs := m.samples(name)
+	if len(vs) == 0 {
 		return math.NaN()
 	}
-	return m.Sum(name)
+	var sum float64
+	for _, v := range vs {
+		sum += v
+	}
+	return sum
 }
 
 // Bucket is one cumulative histogram bucket: Count observations were ≤ UpperBound.
@@ -158,22 +114,21 @@ type Bucket struct {
 	Count      float64
 }
 
-// Histogram returns the cumulative buckets of histogram name (the name without _bucket),
-// summed over its series, sorted by upper bound; nil when absent.
+// Histogram returns the cumulative buckets of histogram name, summed over its series, sorted by
+// upper bound and ending with +Inf; nil when the page has no such histogram.
 func (m *Metrics) Histogram(name string) []Bucket {
 	if m == nil {
 		return nil
 	}
-	byLE := map[float64]float64{}
-	for _, s := range m.Series[name+"_bucket"] {
-		le, err := parseFloat(s.Labels["le"])
-		if err != nil {
-			continue
-		}
-		byLE[le] += s.Value
-	}
-	if len(byLE) == 0 {
+	f := m.families[name]
+	if f == nil || f.GetType() != dto.MetricType_HISTOGRAM || len(f.GetMetric()) == 0 {
 		return nil
+	}
+	byLE := map[float64]float64{}
+	for _, s := range f.GetMetric() {
+		for _, b := range buckets(s.GetHistogram()) {
+			byLE[b.UpperBound] += b.Count
+		}
 	}
 	out := make([]Bucket, 0, len(byLE))
 	for le, c := range byLE {
@@ -181,6 +136,30 @@ func (m *Metrics) Histogram(name string) []Bucket {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UpperBound < out[j].UpperBound })
 	return out
+}
+
+// buckets returns one series' cumulative buckets as the page gave them, with an le="+Inf" bucket
+// (the sample count) when the page left it out. Counts may be integers or floats.
+func buckets(h *dto.Histogram) []Bucket {
+	out := make([]Bucket, 0, len(h.GetBucket())+1)
+	for _, b := range h.GetBucket() {
+		c := float64(b.GetCumulativeCount())
+		if b.CumulativeCountFloat != nil {
+			c = b.GetCumulativeCountFloat()
+		}
+		out = append(out, Bucket{UpperBound: b.GetUpperBound(), Count: c})
+	}
+	if len(out) == 0 || !math.IsInf(out[len(out)-1].UpperBound, 1) {
+		out = append(out, Bucket{UpperBound: math.Inf(1), Count: sampleCount(h)})
+	}
+	return out
+}
+
+func sampleCount(h *dto.Histogram) float64 {
+	if h.SampleCountFloat != nil {
+		return h.GetSampleCountFloat()
+	}
+	return float64(h.GetSampleCount())
 }
 
 // SubBuckets returns after − before bucket by bucket: the observations made between two
@@ -251,6 +230,8 @@ func (s *Scraper) Scrape(ctx context.Context) (*Metrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The text format: client_golang would otherwise answer in protobuf only if asked.
+	req.Header.Set("Accept", "text/plain; version=0.0.4")
 	resp, err := s.Client.Do(req)
 	if err != nil {
 		return nil, err
@@ -259,7 +240,11 @@ func (s *Scraper) Scrape(ctx context.Context) (*Metrics, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s", s.URL, resp.Status)
 	}
-	return ParseMetrics(resp.Body)
+	m, err := ParseMetrics(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", s.URL, err)
+	}
+	return m, nil
 }
 
 // Num is a value read from a metrics page, NaN when the page did not have it; it is written to

@@ -1,8 +1,11 @@
 package promtext
 
 import (
+	"context"
 	"encoding/json"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -19,6 +22,22 @@ kvpick_decision_duration_seconds_bucket{le="+Inf"} 40
 kvpick_decision_duration_seconds_sum 0.0008
 kvpick_decision_duration_seconds_count 40
 weird_labels{a="x,y",b="say \"hi\"",c="back\\slash"} 1.5e3 1700000000000
+# TYPE kvpick_requests_total counter
+kvpick_requests_total{outcome="routed",status="200"} 3
+kvpick_requests_total{outcome="rejected",status="429"} 2
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 1.0
+vllm:time_to_first_token_seconds_count{engine="0"} 1.0
+vllm:time_to_first_token_seconds_sum{engine="0"} 0.05
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="1.0"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 1.0
+vllm:time_to_first_token_seconds_count{engine="1"} 1.0
+vllm:time_to_first_token_seconds_sum{engine="1"} 0.5
 go_goroutines 12
 process_resident_memory_bytes 2.0971520e+07
 nan_metric NaN
@@ -29,34 +48,91 @@ func TestParseMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Sum("kvpick_endpoint_inflight_requests"); got != 7 {
-		t.Errorf("in-flight sum %v, want 7", got)
-	}
-	if got := m.Value("go_goroutines"); got != 12 {
-		t.Errorf("goroutines %v", got)
-	}
-	if got := m.Value("process_resident_memory_bytes"); got != 20971520 {
-		t.Errorf("rss %v", got)
+	for _, c := range []struct {
+		name string
+		want float64
+	}{
+		{"kvpick_endpoint_inflight_requests", 7}, // summed over its series
+		{"go_goroutines", 12},
+		{"process_resident_memory_bytes", 20971520},
+		{"weird_labels", 1500},
+		{"kvpick_requests_total", 5},
+		{"kvpick_decision_duration_seconds_count", 40}, // a histogram's count and sum
+		{"kvpick_decision_duration_seconds_sum", 0.0008},
+		{"vllm:num_requests_waiting", 2}, // colons in names, as vLLM writes them
+		{"vllm:time_to_first_token_seconds_count", 2},
+	} {
+		if got := m.Value(c.name); got != c.want || !m.Has(c.name) || m.Sum(c.name) != c.want {
+			t.Errorf("%s = %v (has %v), want %v", c.name, got, m.Has(c.name), c.want)
+		}
 	}
 	if !math.IsNaN(m.Value("absent")) || m.Sum("absent") != 0 || m.Has("absent") {
 		t.Error("absent metric: want NaN value, 0 sum")
 	}
-	if !math.IsNaN(m.Value("nan_metric")) {
+	// A histogram's own name is no series (only _bucket, _sum, _count are).
+	if m.Has("kvpick_decision_duration_seconds") {
+		t.Error("a histogram's base name counts as a series")
+	}
+	if !m.Has("nan_metric") || !math.IsNaN(m.Value("nan_metric")) {
 		t.Error("NaN value not parsed")
 	}
-	w := m.Series["weird_labels"]
-	if len(w) != 1 || w[0].Value != 1500 || w[0].Labels["a"] != "x,y" || w[0].Labels["b"] != `say "hi"` || w[0].Labels["c"] != `back\slash` {
-		t.Errorf("weird labels parsed as %+v", w)
-	}
 	h := m.Histogram("kvpick_decision_duration_seconds")
-	if len(h) != 4 || !math.IsInf(h[3].UpperBound, 1) || h[3].Count != 40 || h[0].UpperBound != 1e-5 {
-		t.Errorf("histogram %+v", h)
+	want := []Bucket{{1e-5, 10}, {2e-5, 20}, {4e-5, 40}, {math.Inf(1), 40}}
+	if len(h) != len(want) {
+		t.Fatalf("histogram %+v", h)
 	}
-	if _, err := ParseMetrics(strings.NewReader("broken{a=\"x\" 1\n")); err == nil {
-		t.Error("unterminated labels: want an error")
+	for i := range want {
+		if h[i] != want[i] {
+			t.Errorf("bucket %d = %+v, want %+v", i, h[i], want[i])
+		}
 	}
-	if _, err := ParseMetrics(strings.NewReader("novalue\n")); err == nil {
-		t.Error("no value: want an error")
+	// Two series of one histogram add up bucket by bucket; Python-style float counts parse.
+	v := m.Histogram("vllm:time_to_first_token_seconds")
+	if len(v) != 3 || v[0] != (Bucket{0.1, 1}) || v[1] != (Bucket{1, 2}) || v[2] != (Bucket{math.Inf(1), 2}) {
+		t.Errorf("vllm histogram %+v", v)
+	}
+	if m.Histogram("go_goroutines") != nil || m.Histogram("absent") != nil {
+		t.Error("a gauge or an absent metric read as a histogram")
+	}
+	for _, bad := range []string{
+		"broken{a=\"x\" 1\n",                         // unterminated labels
+		"novalue\n",                                   // no value
+		"# TYPE x counter\nx 1\n# TYPE x counter\nx 2\n", // a family twice
+	} {
+		if _, err := ParseMetrics(strings.NewReader(bad)); err == nil {
+			t.Errorf("%q: want an error", bad)
+		}
+	}
+}
+
+func TestScraper(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			_, _ = w.Write([]byte(sampleMetrics))
+		case "/garbage":
+			_, _ = w.Write([]byte("x{\n"))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	m, err := NewScraper(srv.URL + "/metrics").Scrape(ctx)
+	if err != nil || m.Value("go_goroutines") != 12 {
+		t.Fatalf("scrape: %v, %v", m, err)
+	}
+	if _, err := NewScraper(srv.URL + "/nope").Scrape(ctx); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("404: %v", err)
+	}
+	if _, err := NewScraper(srv.URL + "/garbage").Scrape(ctx); err == nil {
+		t.Error("unparsable page: want an error")
+	}
+	if m, err := NewScraper("").Scrape(ctx); m != nil || err != nil {
+		t.Errorf("no URL: %v, %v", m, err)
+	}
+	if m.Has("x") || (*Metrics)(nil).Has("go_goroutines") || !math.IsNaN((*Metrics)(nil).Value("go_goroutines")) {
+		t.Error("nil Metrics")
 	}
 }
 
