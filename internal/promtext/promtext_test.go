@@ -95,8 +95,8 @@ func TestParseMetrics(t *testing.T) {
 		t.Error("a gauge or an absent metric read as a histogram")
 	}
 	for _, bad := range []string{
-		"broken{a=\"x\" 1\n",                         // unterminated labels
-		"novalue\n",                                   // no value
+		"broken{a=\"x\" 1\n", // unterminated labels
+		"novalue\n",          // no value
 		"# TYPE x counter\nx 1\n# TYPE x counter\nx 2\n", // a family twice
 	} {
 		if _, err := ParseMetrics(strings.NewReader(bad)); err == nil {
