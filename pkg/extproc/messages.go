@@ -9,18 +9,19 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvpick/kvpick/pkg/gateway"
 	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/pool"
 )
 
-// Names from the endpoint-picker protocol.
+// Names from the endpoint-picker protocol (defined once, in pkg/gateway).
 const (
-	DestinationHeader   = "x-gateway-destination-endpoint"
-	LBNamespace         = "envoy.lb"
-	ServedKey           = "x-gateway-destination-endpoint-served"
-	SubsetNamespace     = "envoy.lb.subset_hint"
-	SubsetKey           = "x-gateway-destination-endpoint-subset"
-	RequestIDHeader     = "x-request-id"
+	DestinationHeader   = gateway.DestinationHeader
+	LBNamespace         = gateway.LBNamespace
+	ServedKey           = gateway.ServedKey
+	SubsetNamespace     = gateway.SubsetNamespace
+	SubsetKey           = gateway.SubsetKey
+	RequestIDHeader     = gateway.RequestIDHeader
 	contentLengthHeader = "content-length"
 )
 
