@@ -105,3 +105,17 @@ func (s *Server) getTail() *[]byte {
 }
 
 func (s *Server) putTail(p *[]byte) { s.tails.Put(p) }
+
+// getParser returns a request parser; its scratch buffers come from earlier requests.
+func (s *Server) getParser() *openai.Request {
+	if r, ok := s.parsers.Get().(*openai.Request); ok {
+		return r
+	}
+	return &openai.Request{}
+}
+
+// putParser resets r (dropping its reference to the body) and pools it.
+func (s *Server) putParser(r *openai.Request) {
+	r.Reset()
+	s.parsers.Put(r)
+}

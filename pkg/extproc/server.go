@@ -50,6 +50,7 @@ type Server struct {
 	assumed filterv3.ProcessingMode_BodySendMode // Options.AssumedBodyMode
 	bufs    [(maxBufClass-minBufClass)/2 + 1]sync.Pool
 	tails   sync.Pool // *[]byte of capacity openai.UsageTailBytes
+	parsers sync.Pool // *openai.Request
 	once    sync.Once
 	// warned: one warning per degraded-mode reason (degraded.go).
 	warned [len(degradedReasons)]sync.Once
@@ -100,7 +101,7 @@ type stream struct {
 	bodyNoWait    bool // send_body_without_waiting_for_header_response
 	phase         phase
 	req           router.Request
-	body          openai.Request
+	body          *openai.Request // pooled; nil outside parse..routing
 	buf           []byte
 	heldChunks    int    // STREAMED: body messages awaiting an answer until routing
 	contentLength string // the request's content-length header, if any
@@ -363,21 +364,34 @@ func (st *stream) complete(body []byte, eos, partial bool) (bool, error) {
 			return true, st.srv.Send(st.reject(400, "invalid_request_error", "invalid_body", "", err.Error()))
 		}
 		// A body the proxy cut at its buffer limit: route by load alone.
-		st.body.Reset()
+		st.releaseParser()
 		return st.route(body, eos, start)
 	}
 	return st.routeParsed(body, eos, start)
 }
 
-// parse parses the request body into st.body.
+// parse parses the request body into st.body, a pooled parser: its scratch (the structural
+// index of the body, interned names) is reused across requests and held only until routing.
 func (st *stream) parse(body []byte) error {
 	st.parses++
-	return openai.Parse(st.req.API, body, &st.body)
+	if st.body == nil {
+		st.body = st.s.getParser()
+	}
+	return openai.Parse(st.req.API, body, st.body)
+}
+
+// releaseParser returns the parser to the pool; the request must no longer refer to it.
+func (st *stream) releaseParser() {
+	st.req.Body = nil
+	if st.body != nil {
+		st.s.putParser(st.body)
+		st.body = nil
+	}
 }
 
 // routeParsed routes a request whose body st.body holds, parsed.
 func (st *stream) routeParsed(body []byte, eos bool, start time.Time) (bool, error) {
-	st.req.Body = &st.body
+	st.req.Body = st.body
 	st.req.Model = st.body.Model
 	return st.route(body, eos, start)
 }
@@ -611,8 +625,7 @@ func (st *stream) id() zap.Field { return zap.String("request_id", st.req.ID) }
 // releaseBody drops the request body once the routing answers are sent: only the prompt's
 // hashes live on, and an LLM stream may stay open for minutes while the response is generated.
 func (st *stream) releaseBody() {
-	st.body.Reset()
-	st.req.Body = nil
+	st.releaseParser()
 	if st.buf != nil {
 		st.s.putBuf(st.buf)
 		st.buf = nil
@@ -636,7 +649,8 @@ func (st *stream) finish() {
 	}
 	if st.buf != nil {
 		st.s.putBuf(st.buf)
+		st.buf = nil
 	}
-	st.body.Reset()
+	st.releaseParser()
 	st.req.Reset()
 }
