@@ -54,6 +54,10 @@ func run(args []string) error {
 	certPath := fs.String("cert-path", "", "directory holding tls.crt and tls.key for --secure-serving")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	printConfig := fs.Bool("print-default-config", false, "print the built-in default configuration and exit")
+	// Model-server metrics, under the reference endpoint picker's flag names.
+	scrapeDefaults := config.Default().Pool.Metrics
+	refreshMetrics := fs.Duration("refresh-metrics-interval", scrapeDefaults.RefreshInterval.D(), "time between two scrapes of each endpoint's /metrics (overrides pool.metrics.refreshInterval; 0 disables scraping)")
+	metricsStaleness := fs.Duration("metrics-staleness-threshold", scrapeDefaults.StalenessThreshold.D(), "how long a scrape of an endpoint's metrics is trusted (overrides pool.metrics.stalenessThreshold)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -82,6 +86,18 @@ func run(args []string) error {
 	}
 	if *endpoints != "" {
 		cfg.Pool.Endpoints = strings.Split(*endpoints, ",")
+	}
+	scrapeFlags := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "refresh-metrics-interval":
+			cfg.Pool.Metrics.RefreshInterval, scrapeFlags = config.Duration(*refreshMetrics), true
+		case "metrics-staleness-threshold":
+			cfg.Pool.Metrics.StalenessThreshold, scrapeFlags = config.Duration(*metricsStaleness), true
+		}
+	})
+	if err := cfg.Validate(); scrapeFlags && err != nil {
+		return fmt.Errorf("--refresh-metrics-interval or --metrics-staleness-threshold: %w", err)
 	}
 
 	zc := zap.NewProductionConfig()

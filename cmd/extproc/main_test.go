@@ -32,6 +32,8 @@ func TestBadFlagsAndConfigNameTheProblem(t *testing.T) {
 		{"cert path without TLS", []string{"--secure-serving=false", "--cert-path", dir}, "--cert-path"},
 		{"cert path without certs", []string{"--cert-path", dir, "--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0"}, "tls.crt"},
 		{"stray argument", []string{"serve"}, "unexpected arguments"},
+		{"negative scrape interval", []string{"--refresh-metrics-interval", "-1s"}, "--refresh-metrics-interval or --metrics-staleness-threshold: pool.metrics.refreshInterval -1s"},
+		{"staleness under two scrape intervals", []string{"--metrics-staleness-threshold", "60ms"}, "pool.metrics.stalenessThreshold 60ms (--metrics-staleness-threshold): want at least twice"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

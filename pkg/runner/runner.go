@@ -32,6 +32,7 @@ import (
 	"github.com/kvpick/kvpick/pkg/plugins"
 	"github.com/kvpick/kvpick/pkg/pool"
 	"github.com/kvpick/kvpick/pkg/router"
+	"github.com/kvpick/kvpick/pkg/scrape"
 )
 
 // Health service names.
@@ -58,6 +59,8 @@ type Picker struct {
 	Pipeline *router.Pipeline
 	Server   *extproc.Server
 	Registry *prometheus.Registry
+	// Scraper reads every endpoint's model-server metrics (pool.metrics); Run starts it.
+	Scraper *scrape.Scraper
 }
 
 // Build assembles the pool, the plugins, the pipeline and the ext_proc server from cfg, and
@@ -82,6 +85,12 @@ func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plugins: %w", err)
 	}
+	// Listening before the pool is populated, the scraper gets a loop for every endpoint.
+	sc, err := scrape.New(cfg.Pool.Metrics, scrape.Options{Pool: p, Log: log, Registerer: reg, Observer: pipe})
+	if err != nil {
+		return nil, err
+	}
+	p.Listen(sc)
 	srv, err := extproc.New(pipe, extproc.Options{
 		MaxBodyBytes:    cfg.ExtProc.MaxBodyBytes,
 		ChunkBytes:      cfg.ExtProc.ChunkBytes,
@@ -94,7 +103,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
 	}
 	reg.MustRegister(pool.NewCollector(p), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.Set(addrs)
-	return &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg}, nil
+	return &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg, Scraper: sc}, nil
 }
 
 // ServerOptions are the ext_proc gRPC server's options for cfg: the receive limit raised to the
@@ -186,6 +195,7 @@ func Run(ctx context.Context, o Options) error {
 	hctx, stopChecks := context.WithCancel(ctx)
 	defer stopChecks()
 	go healthcheck.New(o.Config.Pool.HealthCheck, pk.Pool, log).Run(hctx)
+	go pk.Scraper.Run(hctx)
 	log.Info("picker serving",
 		zap.Stringer("ext_proc", gl.Addr()), zap.Stringer("health", hl.Addr()), zap.Stringer("metrics", ml.Addr()),
 		zap.Bool("tls", o.SecureServing), zap.Int("endpoints", len(pk.Pool.Snapshot())))

@@ -161,7 +161,7 @@ func (r *reader) read(body []byte) reading {
 	if kv, ok := get(fieldKVUsage); ok {
 		m.HasKVUsage, m.KVUsage = true, kv.v
 	}
-	if cc, ok := get(fieldCacheConfig); ok {
+	if cc, ok := get(fieldCacheConfig); ok && cc.tokens > 0 {
 		m.NumGPUBlocks, m.BlockSize = int(cc.tokens/int64(cc.blockSize)), cc.blockSize
 	} else if ct, ok := get(fieldCapacityTokens); ok && ct.v >= 1 {
 		m.NumGPUBlocks, m.BlockSize = int(ct.v), 1
