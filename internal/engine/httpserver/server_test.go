@@ -12,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	pmodel "github.com/prometheus/common/model"
+
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 )
 
 const model = "test-model"
@@ -478,5 +482,56 @@ func TestModelsAndHealth(t *testing.T) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || m.Object != "list" || len(m.Data) != 1 || m.Data[0].ID != model {
 		t.Errorf("models: %v %+v", err, m)
+	}
+}
+
+// TestMetricsEndpoint: /metrics serves the configured flavor in the
+// Prometheus text format, with the engine's numbers.
+func TestMetricsEndpoint(t *testing.T) {
+	tests := []struct {
+		flavor            servermetrics.Flavor
+		running, blocks   string
+		wantBlocksSampled float64
+	}{
+		{servermetrics.VLLM, "vllm:num_requests_running", "vllm:cache_config_info", 1},
+		{servermetrics.VLLMOld, "vllm:num_requests_running", "vllm:cache_config_info", 1},
+		{servermetrics.SGLang, "sglang:num_running_reqs", "sglang:max_total_num_tokens", 1234 * 16},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.flavor), func(t *testing.T) {
+			srv, _ := newServer(t, func(c *engine.Config) { c.NumGPUBlocks = 1234 }, Options{Metrics: servermetrics.Options{Flavor: tt.flavor}})
+			for range 2 {
+				post(t, srv.URL+"/v1/chat/completions", chatBody(`,"max_tokens":3`))
+			}
+			resp, err := http.Get(srv.URL + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4") {
+				t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+			}
+			parser := expfmt.NewTextParser(pmodel.LegacyValidation)
+			fams, err := parser.TextToMetricFamilies(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f := fams[tt.running]; f == nil || f.GetMetric()[0].GetGauge().GetValue() != 0 {
+				t.Errorf("%s: %v", tt.running, f)
+			}
+			f := fams[tt.blocks]
+			if f == nil || f.GetMetric()[0].GetGauge().GetValue() != tt.wantBlocksSampled {
+				t.Fatalf("%s: %v", tt.blocks, f)
+			}
+			if tt.flavor != servermetrics.SGLang {
+				found := false
+				for _, l := range f.GetMetric()[0].GetLabel() {
+					found = found || (l.GetName() == "num_gpu_blocks" && l.GetValue() == "1234")
+				}
+				if !found {
+					t.Errorf("cache_config_info labels %v", f.GetMetric()[0].GetLabel())
+				}
+			}
+		})
 	}
 }
