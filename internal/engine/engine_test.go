@@ -223,6 +223,52 @@ func TestStepSchedule(t *testing.T) {
 	}
 }
 
+// TestStatsHistograms checks vLLM's request and step histograms on the
+// schedule of TestStepSchedule's "decodes first" case: steps of 100, 100,
+// 62 and 1 tokens ending at 2, 5.99, 9.6 and 12.6 ms; a (10-token prompt, 4
+// tokens) and b (250-token prompt, 1 token) are scheduled at once.
+func TestStatsHistograms(t *testing.T) {
+	e, clk := newVirtual(t, stepConfig())
+	rec := newRecorder()
+	submit(t, e, rec, Request{ID: "a", Prompt: seqTokens(1, 10), MaxTokens: 4})
+	submit(t, e, rec, Request{ID: "b", Prompt: seqTokens(100_000, 250), MaxTokens: 1})
+	clk.RunUntilIdle()
+	st := e.Stats()
+	const ms = 1e-3
+	tests := []struct {
+		name  string
+		h     Histogram
+		count uint64
+		sum   float64
+	}{
+		{"iteration tokens", st.IterationTokens, 4, 263},
+		{"TTFT", st.TTFT, 2, (2 + 9.6) * ms},
+		{"inter-token latency", st.InterTokenLatency, 3, (3.99 + 3.61 + 3) * ms},
+		{"time per output token", st.TimePerOutputToken, 1, 10.6 / 3 * ms},
+		{"e2e", st.E2E, 2, (12.6 + 9.6) * ms},
+		{"queue", st.QueueTime, 2, 0},
+		{"prefill", st.PrefillTime, 2, (2 + 9.6) * ms},
+		{"decode", st.DecodeTime, 2, 10.6 * ms},
+		{"inference", st.InferenceTime, 2, (12.6 + 9.6) * ms},
+		{"prompt tokens", st.RequestPromptTokens, 2, 260},
+		{"generation tokens", st.RequestGenerationTokens, 2, 5},
+		{"max tokens", st.RequestMaxTokens, 2, 5},
+		{"n", st.RequestN, 2, 2},
+	}
+	for _, tt := range tests {
+		var n uint64
+		for _, c := range tt.h.Counts {
+			n += c
+		}
+		if tt.h.Count != tt.count || n != tt.count || tt.h.Sum < tt.sum-1e-9 || tt.h.Sum > tt.sum+1e-9 {
+			t.Errorf("%s: count %d (buckets %d) sum %v, want %d and %v", tt.name, tt.h.Count, n, tt.h.Sum, tt.count, tt.sum)
+		}
+	}
+	if st.PromptTokens != 260 || st.GenerationTokens != 5 || st.Outcomes[OutcomeLength] != 2 {
+		t.Errorf("counters %+v", st)
+	}
+}
+
 // TestLongPrefillSlowsDecodes: a decoding request's tokens come slower while
 // another request's prompt shares its steps.
 func TestLongPrefillSlowsDecodes(t *testing.T) {
@@ -1133,5 +1179,22 @@ func waitPending(t *testing.T, clk *VirtualClock, n int) {
 			t.Fatalf("pending %d, want %d", clk.Pending(), n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestLoadDoesNotAllocate: routers read every engine's Load on every
+// decision.
+func TestLoadDoesNotAllocate(t *testing.T) {
+	e, clk := newVirtual(t, stepConfig())
+	for i := range 8 {
+		submit(t, e, newRecorder(), Request{Prompt: seqTokens(uint32(i)*1000, 150), MaxTokens: 20})
+	}
+	clk.AdvanceTo(ms(5))
+	var l Load
+	if n := testing.AllocsPerRun(100, func() { l = e.Load() }); n != 0 {
+		t.Errorf("Load allocates %v times", n)
+	}
+	if l.Running+l.Waiting != 8 || l.Running == 0 || l.Waiting == 0 {
+		t.Errorf("load %+v", l)
 	}
 }

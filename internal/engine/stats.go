@@ -94,7 +94,7 @@ func (h *histograms) observeFinished(r *Result, maxTokens int, maxTokensGiven bo
 		}
 		return b.Sub(a).Seconds()
 	}
-	last := r.End
+	last := r.LastToken
 	h.e2e.observe(sec(r.Arrival, r.End))
 	h.queue.observe(sec(r.Arrival, r.PrefillStart))
 	h.prefill.observe(sec(r.PrefillStart, r.FirstToken))

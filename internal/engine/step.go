@@ -95,7 +95,13 @@ func (e *Engine) planLocked(start time.Time) bool {
 			}
 			return false
 		}
-		e.hist.iterationTokens.observe(float64(prefill + decodes))
+		if len(e.step) > 0 {
+			tokens := 0
+			for _, r := range e.step {
+				tokens += r.sched
+			}
+			e.hist.iterationTokens.observe(float64(tokens))
+		}
 		e.stepEnd = start.Add(e.stepDuration(prefill, decodes))
 		e.inFlight = true
 		e.clock.AfterFunc(e.stepEnd.Sub(e.clock.Now()), e.onStep)
@@ -195,6 +201,7 @@ func (e *Engine) allocLocked(r *request, upto int) bool {
 // until evicted; it goes back to the front of the waiting queue and will
 // recompute its prompt and output so far, minus whatever is still cached.
 func (e *Engine) preemptLocked(v *request) {
+	e.running[len(e.running)-1] = nil
 	e.running = e.running[:len(e.running)-1]
 	e.pool.release(v.blocks)
 	v.blocks = v.blocks[:0]
