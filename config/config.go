@@ -25,6 +25,9 @@ type Config struct {
 	Pool    Pool     `json:"pool"`
 	ExtProc ExtProc  `json:"extProc"`
 	Plugins []Plugin `json:"plugins"`
+	// Shutdown and Kubernetes are the process's settings (config/process.go).
+	Shutdown   Shutdown   `json:"shutdown"`
+	Kubernetes Kubernetes `json:"kubernetes"`
 }
 
 // Pool is the static endpoint pool.
@@ -192,6 +195,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("extProc.assumedBodyMode %q: want one of %s", c.ExtProc.AssumedBodyMode, strings.Join(BodyModes, ", "))
 	}
 	if err := c.Pool.Metrics.validate(); err != nil {
+		return err
+	}
+	if err := c.validateProcess(); err != nil {
 		return err
 	}
 	seen := map[string]bool{}

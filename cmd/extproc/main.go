@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/mem"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/compatflags"
+	"github.com/kvpick/kvpick/pkg/inferencepool"
 	"github.com/kvpick/kvpick/pkg/runner"
 )
 
@@ -58,12 +60,29 @@ func run(args []string) error {
 	scrapeDefaults := config.Default().Pool.Metrics
 	refreshMetrics := fs.Duration("refresh-metrics-interval", scrapeDefaults.RefreshInterval.D(), "time between two scrapes of each endpoint's /metrics (overrides pool.metrics.refreshInterval; 0 disables scraping)")
 	metricsStaleness := fs.Duration("metrics-staleness-threshold", scrapeDefaults.StalenessThreshold.D(), "how long a scrape of an endpoint's metrics is trusted (overrides pool.metrics.stalenessThreshold)")
+	// Kubernetes mode: follow an InferencePool instead of a static pool (pkg/discovery).
+	poolName := fs.String("pool-name", "", "InferencePool to serve; its Ready pods x target ports become the pool (exclusive with --endpoints and pool.endpoints)")
+	poolNamespace := fs.String("pool-namespace", "", "the InferencePool's namespace (default: the pod's own, from POD_NAMESPACE, NAMESPACE or the service account)")
+	poolGroup := fs.String("pool-group", inferencepool.GroupV1, "the InferencePool's API group: "+strings.Join(inferencepool.Groups, " (v1) or ")+" (v1alpha2)")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: KUBECONFIG, ~/.kube/config, or the in-cluster service account)")
+	haLeader := fs.Bool("ha-enable-leader-election", false, "active-passive HA: only the replica holding the Lease (kubernetes.leaderElection) reports ready")
+	defaults := config.Default().Shutdown
+	drainTimeout := fs.Duration("drain-timeout", defaults.DrainTimeout.D(), "on SIGTERM, how long open streams get to end (overrides shutdown.drainTimeout)")
+	shutdownDelay := fs.Duration("shutdown-delay", defaults.Delay.D(), "on SIGTERM, how long new streams are still taken after readiness turns NOT_SERVING (overrides shutdown.delay)")
+	// The reference picker's flags, last: a flag defined above is never shadowed.
+	compat := compatflags.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
+	compatLog, err := compat.Check()
+	if err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *printConfig {
 		_, err := os.Stdout.Write(config.DefaultYAML())
 		return err
@@ -76,6 +95,9 @@ func run(args []string) error {
 	var level zapcore.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", *logLevel)
+	}
+	if !set["log-level"] && compatLog.Level != nil {
+		level = *compatLog.Level
 	}
 	if *certPath != "" && !*secure {
 		return fmt.Errorf("--cert-path is set but --secure-serving=false")
@@ -99,15 +121,37 @@ func run(args []string) error {
 	if err := cfg.Validate(); scrapeFlags && err != nil {
 		return fmt.Errorf("--refresh-metrics-interval or --metrics-staleness-threshold: %w", err)
 	}
+	if set["drain-timeout"] {
+		cfg.Shutdown.DrainTimeout = config.Duration(*drainTimeout)
+	}
+	if set["shutdown-delay"] {
+		cfg.Shutdown.Delay = config.Duration(*shutdownDelay)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("--drain-timeout or --shutdown-delay: %w", err)
+	}
+	var kube *runner.Kubernetes
+	switch {
+	case *poolName != "" && len(cfg.Pool.Endpoints) > 0:
+		return runner.ErrStaticAndKubernetes
+	case *poolName != "":
+		kube = &runner.Kubernetes{Kubeconfig: *kubeconfig, PoolName: *poolName, PoolNamespace: *poolNamespace, PoolGroup: *poolGroup, LeaderElection: *haLeader}
+	case *haLeader || set["pool-namespace"] || set["kubeconfig"]:
+		return fmt.Errorf("--ha-enable-leader-election, --pool-namespace and --kubeconfig need --pool-name")
+	}
 
 	zc := zap.NewProductionConfig()
 	zc.Level = zap.NewAtomicLevelAt(level)
 	zc.Sampling = nil // every routing error matters; volume is bounded by requests
+	zc.Encoding = compatLog.Encoding
 	log, err := zc.Build()
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	if ignored := compat.IgnoredSet(); len(ignored) > 0 {
+		log.Info("accepted and ignored: flags of the reference endpoint picker that this picker does not use (docs/deploy.md)", zap.Strings("flags", ignored))
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -119,6 +163,7 @@ func run(args []string) error {
 		SecureServing: *secure,
 		CertPath:      *certPath,
 		Log:           log,
+		Kubernetes:    kube,
 	})
 }
 

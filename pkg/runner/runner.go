@@ -51,6 +51,9 @@ type Options struct {
 	Log                               *zap.Logger
 	// Ready, when set, receives the bound addresses once every listener is up.
 	Ready func(grpc, health, metrics net.Addr)
+	// Kubernetes, when set, fills the pool from an InferencePool (kube.go) instead of the
+	// configuration's static endpoints, which must then be empty.
+	Kubernetes *Kubernetes
 }
 
 // Picker is a built, not yet serving, picker.
@@ -66,14 +69,25 @@ type Picker struct {
 // Build assembles the pool, the plugins, the pipeline and the ext_proc server from cfg, and
 // populates the pool with cfg's static endpoints. Errors name the offending field.
 func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
-	addrs, err := pool.ParseAddrs("pool.endpoints", cfg.Pool.Endpoints)
+	pk, addrs, err := build(cfg, log)
 	if err != nil {
 		return nil, err
+	}
+	pk.Pool.Set(addrs)
+	return pk, nil
+}
+
+// build is Build without populating the pool: Run hands the static endpoints, or those
+// discovery finds, to the pool through its readiness gate.
+func build(cfg *config.Config, log *zap.Logger) (*Picker, []string, error) {
+	addrs, err := pool.ParseAddrs("pool.endpoints", cfg.Pool.Endpoints)
+	if err != nil {
+		return nil, nil, err
 	}
 	reg := prometheus.NewRegistry()
 	built, err := plugins.Build(cfg.Plugins, plugins.Deps{Registerer: reg})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	p := pool.New()
 	for _, pl := range built.Plugins {
@@ -83,12 +97,12 @@ func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
 	}
 	pipe, err := router.New(router.Config{Pool: p, Plugins: built.Plugins, Weights: built.Weights, Fallbacks: cfg.ExtProc.Fallbacks})
 	if err != nil {
-		return nil, fmt.Errorf("plugins: %w", err)
+		return nil, nil, fmt.Errorf("plugins: %w", err)
 	}
 	// Listening before the pool is populated, the scraper gets a loop for every endpoint.
 	sc, err := scrape.New(cfg.Pool.Metrics, scrape.Options{Pool: p, Log: log, Registerer: reg, Observer: pipe})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	p.Listen(sc)
 	srv, err := extproc.New(pipe, extproc.Options{
@@ -99,11 +113,10 @@ func Build(cfg *config.Config, log *zap.Logger) (*Picker, error) {
 		Metrics:         extproc.NewMetrics(reg),
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	reg.MustRegister(pool.NewCollector(p), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	p.Set(addrs)
-	return &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg, Scraper: sc}, nil
+	return &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg, Scraper: sc}, addrs, nil
 }
 
 // ServerOptions are the ext_proc gRPC server's options for cfg: the receive limit raised to the
@@ -120,7 +133,10 @@ func ServerOptions(cfg *config.Config) []grpc.ServerOption {
 // up to drainTimeout to finish.
 func Run(ctx context.Context, o Options) error {
 	log := o.Log
-	pk, err := Build(o.Config, log)
+	if o.Kubernetes != nil && len(o.Config.Pool.Endpoints) > 0 {
+		return ErrStaticAndKubernetes
+	}
+	pk, static, err := build(o.Config, log)
 	if err != nil {
 		return err
 	}
@@ -141,12 +157,14 @@ func Run(ctx context.Context, o Options) error {
 
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceLiveness, healthpb.HealthCheckResponse_SERVING)
-	setReady := func(st healthpb.HealthCheckResponse_ServingStatus) {
-		for _, svc := range []string{"", ServiceReadiness, ServiceExtProc} {
-			hs.SetServingStatus(svc, st)
+	gate := newReadiness(hs, pk.Pool, o.Kubernetes != nil && o.Kubernetes.LeaderElection, log)
+	var kube *kubeSource
+	if o.Kubernetes != nil {
+		if kube, err = newKubeSource(o.Kubernetes, o.Config.Kubernetes.LeaderElection, gate, pk.Registry, log); err != nil {
+			return err
 		}
+		defer kube.stop()
 	}
-	setReady(healthpb.HealthCheckResponse_NOT_SERVING)
 
 	gs := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(gs, pk.Server)
@@ -189,8 +207,10 @@ func Run(ctx context.Context, o Options) error {
 		}
 		errc <- nil
 	}()
-	if pk.Pool.Synced() {
-		setReady(healthpb.HealthCheckResponse_SERVING)
+	if kube != nil {
+		kube.start()
+	} else {
+		gate.Set(static)
 	}
 	hctx, stopChecks := context.WithCancel(ctx)
 	defer stopChecks()
@@ -199,7 +219,7 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("picker serving",
 		zap.Stringer("ext_proc", gl.Addr()), zap.Stringer("health", hl.Addr()), zap.Stringer("metrics", ml.Addr()),
 		zap.Bool("tls", o.SecureServing), zap.Int("endpoints", len(pk.Pool.Snapshot())))
-	if len(pk.Pool.Snapshot()) == 0 {
+	if kube == nil && len(pk.Pool.Snapshot()) == 0 {
 		log.Warn("the pool has no endpoints: every request will be answered 503 (set --endpoints or pool.endpoints)")
 	}
 	if o.Ready != nil {
@@ -216,24 +236,33 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("server stopped: %w", err)
 		}
 	}
+	// Readiness first, so the proxy stops opening streams here; a leader hands the Lease over
+	// at once. New streams are still served for the delay, then open ones drain.
+	sd := o.Config.Shutdown
+	gate.shutdown()
+	if kube != nil {
+		kube.resign()
+	}
+	log.Info("shutting down: readiness NOT_SERVING, still serving while the proxy notices",
+		zap.Duration("shutdown_delay", sd.Delay.D()), zap.Duration("drain_timeout", sd.DrainTimeout.D()))
+	select {
+	case <-time.After(sd.Delay.D()):
+	case err := <-errc:
+		log.Warn("a server stopped during the shutdown delay", zap.Error(err))
+	}
 	log.Info("shutting down: draining open streams")
-	setReady(healthpb.HealthCheckResponse_NOT_SERVING)
-	hs.Shutdown()
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
 	select {
 	case <-stopped:
-	case <-time.After(drainTimeout):
+	case <-time.After(sd.DrainTimeout.D()):
 		log.Warn("drain timeout: closing the remaining streams")
 		gs.Stop()
 	}
+	hs.Shutdown()
 	hsrv.Stop()
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = msrv.Shutdown(sctx)
 	return nil
 }
-
-// drainTimeout bounds shutdown: a stream lives as long as its HTTP request, and LLM requests
-// run for tens of seconds; Kubernetes' default grace period is 30 s.
-const drainTimeout = 25 * time.Second
