@@ -12,9 +12,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 	"github.com/kvpick/kvpick/internal/replay"
 )
 
@@ -28,27 +30,42 @@ func main() {
 	}
 }
 
+// scenarioFlags are the flags that describe one scenario; --suite replaces them.
+var scenarioFlags = []string{"response-timing", "stream-fraction", "include-usage-fraction", "cached-tokens", "kv-blocks",
+	"picker-capacity-factor"}
+
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	workloads := fs.String("workloads", strings.Join(replay.Workloads(), ","), "comma-separated workloads: "+strings.Join(replay.Workloads(), ", "))
 	trace := fs.String("trace", "", "JSONL trace to replay (docs/replay.md); alone it replaces the generated workloads")
-	policies := fs.String("policies", strings.Join(replay.Policies(), ","), "comma-separated routing policies: "+strings.Join(replay.Policies(), ", "))
-	seed := fs.Uint64("seed", 1, "seed of the generated workloads")
+	policies := fs.String("policies", strings.Join(replay.PolicyNames(), ","), "comma-separated routing policies: "+strings.Join(replay.PolicyNames(), ", "))
+	seed := fs.Uint64("seed", 1, "seed of the generated workloads (one run; see --seeds)")
+	seeds := fs.String("seeds", "", `seeds, each a full run: "1-6" (tuning), "101-112" (held-out reporting), or "1,4,9"; overrides --seed`)
+	suite := fs.String("suite", "", `"standard": every workload under the standard scenarios (default, mixed, small-caches, capacity-x10, capacity-x0.1); replaces the scenario flags`)
 	engines := fs.Int("engines", 8, "simulated engines (model servers)")
 	requests := fs.Int("requests", 0, "requests per workload (0: each workload's default, scaled with --engines)")
 	rate := fs.Float64("rate", 0, "arrival rate, requests per simulated second (0: each workload's default, scaled with --engines); for a trace, rescales its timestamps to this mean rate")
 	errorRate := fs.Float64("error-rate", 0, "fraction of requests the model server fails with 500 before any output")
 	clock := fs.String("clock", replay.ClockReal, "real: simulated time = wall time × --time-scale, concurrent; virtual: lockstep discrete-event simulation, deterministic and fast")
 	timeScale := fs.Float64("time-scale", 10, "with --clock real, how many times faster than real time the simulation runs")
-	pickerConfig := fs.String("picker-config", "", "picker configuration file (YAML) for the kvpick policy; health checks are turned off and the pool set to the simulated engines")
+	timing := fs.String("response-timing", replay.TimingVLLM, `when the picker sees the response: "vllm" (a stream's headers at arrival, its first event at the first token; a non-streamed answer whole at the end) or "first-token" (the former replay: headers at the first token)`)
+	streamFrac := fs.Float64("stream-fraction", replay.DefaultStreaming.Fraction, "share of generated requests with \"stream\": true (0.5 for a mixed run)")
+	usageFrac := fs.Float64("include-usage-fraction", replay.DefaultStreaming.UsageFraction, "share of streamed requests that set stream_options.include_usage")
+	cachedTokens := fs.Bool("cached-tokens", true, "the servers report usage.prompt_tokens_details.cached_tokens (vLLM --enable-prompt-tokens-details; off by default in vLLM)")
+	kvBlocks := fs.String("kv-blocks", "", `num_gpu_blocks per engine: "N", "LO-HI" (spread evenly over the engines, e.g. 768-1856) or one value per engine "a,b,..." (default: the engine model's 4096)`)
+	capFactor := fs.Float64("picker-capacity-factor", 0, "set the picker's lruCapacityPerEndpoint to this multiple of the engines' mean num_gpu_blocks (0: its configured value)")
+	metricsInterval := fs.Duration("metrics-interval", replay.DefaultMetricsInterval, "simulated time between the metrics snapshots the gie baseline reads")
+	flavor := fs.String("metrics-flavor", string(servermetrics.VLLM), "the simulated servers' /metrics names: vllm, vllm-old (before 0.10) or sglang")
+	virtualRefresh := fs.Duration("virtual-refresh", replay.DefaultVirtualRefresh, "with --clock virtual, the picker's scrape interval in wall time")
+	pickerConfig := fs.String("picker-config", "", "picker configuration file (YAML) for the kvpick policy; the replay sets the pool, turns health checks off and scales the metrics durations (printed in the report)")
 	pickerBin := fs.String("picker-bin", "", "prebuilt picker binary (default: go build "+replay.PickerPackage+")")
 	pickerAddr := fs.String("picker-addr", "", "ext_proc address of an already running picker (plaintext unless --picker-tls); start it with --endpoints as --print-endpoints shows")
 	pickerMetrics := fs.String("picker-metrics-addr", "", "with --picker-addr: the picker's metrics host:port, for its decision latency and memory")
 	pickerTLS := fs.Bool("picker-tls", false, "with --picker-addr: the picker serves TLS (certificate not verified)")
 	printEndpoints := fs.Bool("print-endpoints", false, "print the --endpoints value of a picker in front of --engines engines and exit")
 	jsonOut := fs.String("json", "", "write every number and the run's parameters to this JSON file")
-	svgDir := fs.String("svg", "", "write charts (hit-ratio.svg, ttft.svg) into this directory")
+	svgDir := fs.String("svg", "", "write charts (hit-ratio.svg, ttft.svg per scenario) into this directory")
 	quiet := fs.Bool("quiet", false, "no progress display on stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -66,14 +83,47 @@ func run(args []string, stdout, stderr io.Writer) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o := replay.Options{
-		Trace: *trace, Seed: *seed, Engines: *engines, Requests: *requests, Rate: *rate, ErrorRate: *errorRate,
-		Clock: *clock, TimeScale: *timeScale,
-		PickerConfig: *pickerConfig, PickerBin: *pickerBin, PickerAddr: *pickerAddr, PickerMetricsAddr: *pickerMetrics, PickerTLS: *pickerTLS,
+		Trace: *trace, Engines: *engines, Requests: *requests, Rate: *rate, ErrorRate: *errorRate,
+		Clock: *clock, TimeScale: *timeScale, MetricsInterval: *metricsInterval, VirtualRefresh: *virtualRefresh,
+		MetricsFlavor: servermetrics.Flavor(*flavor),
+		PickerConfig:  *pickerConfig, PickerBin: *pickerBin, PickerAddr: *pickerAddr, PickerMetricsAddr: *pickerMetrics, PickerTLS: *pickerTLS,
 	}
 	if *trace == "" || set["workloads"] {
 		o.Workloads = splitList(*workloads)
 	}
 	o.Policies = splitList(*policies)
+	o.Seeds = []uint64{*seed}
+	if *seeds != "" {
+		var err error
+		if o.Seeds, err = parseSeeds(*seeds); err != nil {
+			return fmt.Errorf("--seeds: %w", err)
+		}
+	}
+	switch *suite {
+	case "":
+		sc := replay.DefaultScenario()
+		sc.Timing = *timing
+		sc.Streaming = replay.StreamMix{Fraction: *streamFrac, UsageFraction: *usageFrac}
+		sc.OmitCachedTokens = !*cachedTokens
+		sc.KVBlocks = *kvBlocks
+		sc.CapacityFactor = *capFactor
+		for _, f := range scenarioFlags {
+			if set[f] {
+				sc.Name, sc.About = "custom", "as the flags say"
+				break
+			}
+		}
+		o.Scenarios = []replay.Scenario{sc}
+	case "standard":
+		for _, f := range scenarioFlags {
+			if set[f] {
+				return fmt.Errorf("--%s: the standard suite sets its own scenarios; drop --suite to run one scenario", f)
+			}
+		}
+		o.Scenarios = replay.StandardScenarios()
+	default:
+		return fmt.Errorf("--suite %q: want standard (or nothing)", *suite)
+	}
 	switch {
 	case *clock != replay.ClockReal && *clock != replay.ClockVirtual:
 		return fmt.Errorf("--clock %q: want real or virtual", *clock)
@@ -87,6 +137,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errors.New("--policies: none given")
 	case len(o.Workloads) == 0 && *trace == "":
 		return errors.New("--workloads: none given")
+	case *timing != replay.TimingVLLM && *timing != replay.TimingFirstToken:
+		return fmt.Errorf("--response-timing %q: want %s", *timing, strings.Join(replay.ResponseTimings(), " or "))
+	case !(*streamFrac >= 0 && *streamFrac <= 1) || !(*usageFrac >= 0 && *usageFrac <= 1):
+		return errors.New("--stream-fraction and --include-usage-fraction: want 0..1")
+	case *capFactor < 0:
+		return fmt.Errorf("--picker-capacity-factor %v: want >= 0", *capFactor)
+	case *metricsInterval <= 0 || *virtualRefresh <= 0:
+		return errors.New("--metrics-interval and --virtual-refresh: want > 0")
+	}
+	if _, err := replay.ParseKVBlocks(*kvBlocks, *engines); err != nil {
+		return fmt.Errorf("--kv-blocks: %w", err)
 	}
 	if !*quiet {
 		o.Progress = stderr
@@ -97,16 +158,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "\n%d engines, seed %d, %s clock", o.Engines, o.Seed, o.Clock)
-	if o.Clock == replay.ClockReal {
-		fmt.Fprintf(stdout, " ×%g", o.TimeScale)
-	}
-	fmt.Fprintf(stdout, ", %.0fs wall\n", rep.Elapsed)
-	for _, w := range rep.Workload {
-		fmt.Fprintf(stdout, "  %-14s %5d requests at %5.1f req/s: %s\n", w.Name, w.Requests, w.Rate, w.About)
-	}
+	fmt.Fprintln(stdout)
+	rep.WriteHeader(stdout)
 	fmt.Fprintln(stdout)
 	if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	if err := rep.WriteSummary(stdout); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout)
@@ -138,4 +197,36 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// parseSeeds reads "1-6", "101-112", "1,4,9" or a mix ("1-3,7").
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	seen := map[uint64]bool{}
+	for _, part := range splitList(s) {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.ParseUint(strings.TrimSpace(lo), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q: not a seed", part)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.ParseUint(strings.TrimSpace(hi), 10, 64); err != nil || b < a {
+				return nil, fmt.Errorf("%q: want LO-HI with LO <= HI", part)
+			}
+			if b-a >= 10000 {
+				return nil, fmt.Errorf("%q: more than 10000 seeds", part)
+			}
+		}
+		for v := a; v <= b; v++ {
+			if !seen[v] {
+				seen[v] = true
+				out = append(out, v)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no seeds")
+	}
+	return out, nil
 }

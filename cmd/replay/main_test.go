@@ -25,6 +25,13 @@ func TestBadFlagsNameTheProblem(t *testing.T) {
 		{[]string{"--trace", "/nonexistent/trace.jsonl", "--clock", "virtual"}, "/nonexistent/trace.jsonl"},
 		{[]string{"--picker-config", "/nonexistent.yaml", "--workloads", "hot-prefix", "--requests", "10"}, "/nonexistent.yaml"},
 		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"--response-timing", "headers-first"}, "--response-timing"},
+		{[]string{"--stream-fraction", "1.5"}, "--stream-fraction"},
+		{[]string{"--kv-blocks", "900-100"}, "--kv-blocks"},
+		{[]string{"--seeds", "6-1"}, "--seeds"},
+		{[]string{"--suite", "everything"}, "--suite"},
+		{[]string{"--suite", "standard", "--kv-blocks", "1000"}, "--kv-blocks"},
+		{[]string{"--picker-capacity-factor", "-1"}, "--picker-capacity-factor"},
 	} {
 		var out, errb bytes.Buffer
 		err := run(tc.args, &out, &errb)
@@ -39,7 +46,7 @@ func TestPrintEndpoints(t *testing.T) {
 	if err := run([]string{"--print-endpoints", "--engines", "3"}, &out, &out); err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(out.String()); got != "10.77.0.1:8000,10.77.0.2:8000,10.77.0.3:8000" {
+	if got := strings.TrimSpace(out.String()); got != "127.77.0.1:8000,127.77.0.2:8000,127.77.0.3:8000" {
 		t.Fatalf("got %q", got)
 	}
 }
@@ -64,12 +71,12 @@ func TestTinyRun(t *testing.T) {
 	if err := run(args, &out, &errb); err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
-	for _, want := range []string{"hot-prefix", "trace", "round-robin", "precise", "TTFT p50", "wrote"} {
+	for _, want := range []string{"hot-prefix", "trace", "round-robin", "precise", "TTFT p50", "wait p90", "xprecise p50/p90/p99", "wrote"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if !strings.Contains(errb.String(), "hot-prefix / precise") {
+	if !strings.Contains(errb.String(), "default/hot-prefix/1/precise") {
 		t.Fatalf("no progress on stderr: %q", errb.String())
 	}
 	var rep struct {
@@ -90,6 +97,63 @@ func TestTinyRun(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(dir, "svg", f))
 		if err != nil || !bytes.HasPrefix(b, []byte("<svg")) {
 			t.Fatalf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestParseSeeds(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+	}{
+		{"1-6", "[1 2 3 4 5 6]"},
+		{"101-112", "[101 102 103 104 105 106 107 108 109 110 111 112]"},
+		{"1,4,9", "[1 4 9]"},
+		{"1-3,7,2", "[1 2 3 7]"},
+		{" 5 ", "[5]"},
+	} {
+		got, err := parseSeeds(tc.in)
+		if err != nil || fmt.Sprint(got) != tc.want {
+			t.Errorf("parseSeeds(%q) = %v, %v; want %s", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "a", "3-1", "1-x", "-2"} {
+		if _, err := parseSeeds(bad); err == nil {
+			t.Errorf("parseSeeds(%q): no error", bad)
+		}
+	}
+}
+
+// TestSeedsAndAMixedScenario: two seeds of a mixed run give per-seed rows and a summary.
+func TestSeedsAndAMixedScenario(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := []string{"--clock", "virtual", "--engines", "2", "--requests", "40", "--workloads", "hot-prefix", "--seeds", "3-4",
+		"--policies", "least-loaded,gie,sglang", "--stream-fraction", "0.5", "--kv-blocks", "768-1856", "--quiet",
+		"--json", filepath.Join(dir, "r.json")}
+	if err := run(args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var rep struct {
+		Results    []map[string]any `json:"results"`
+		Aggregates []struct {
+			Policy string         `json:"policy"`
+			Seeds  []int          `json:"seeds"`
+			Versus map[string]any `json:"versus"`
+		} `json:"aggregates"`
+		Scenarios []map[string]any `json:"scenarios"`
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "r.json"))
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 6 || len(rep.Aggregates) != 3 || len(rep.Aggregates[1].Seeds) != 2 ||
+		rep.Aggregates[1].Versus["least-loaded"] == nil || rep.Scenarios[0]["name"] != "custom" || rep.Scenarios[0]["kvBlocks"] != "768-1856" {
+		t.Fatalf("report: %s", b[:min(len(b), 600)])
+	}
+	for _, want := range []string{"seed", "custom", "50% streamed", "[", "xleast-loaded"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
 	}
 }

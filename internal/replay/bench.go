@@ -10,19 +10,20 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 	"github.com/kvpick/kvpick/internal/promtext"
 )
 
-// Options configure a benchmark: every workload × every policy.
+// Options configure a benchmark: every seed × workload × scenario × policy.
 type Options struct {
 	// Workloads are generated workloads' names; Trace, if set, adds the trace file.
 	Workloads []string
 	Trace     string
 	Policies  []string
 
-	Seed      uint64
+	// Seeds are the workloads' seeds; each seed is a full run (empty: seed 1).
+	Seeds     []uint64
 	Engines   int
 	Requests  int     // per workload; 0: each workload's default
 	Rate      float64 // req/s of simulated time; 0: each workload's default
@@ -31,12 +32,24 @@ type Options struct {
 	Clock     string // ClockReal or ClockVirtual
 	TimeScale float64
 
+	// Scenarios are the conditions every workload runs under (StandardScenarios, or one from
+	// the flags); empty: one DefaultScenario.
+	Scenarios []Scenario
+
+	// MetricsInterval is how often (simulated time) the baselines that read model-server
+	// metrics get a new snapshot (0: 50 ms).
+	MetricsInterval time.Duration
+	// VirtualRefresh is the picker's scrape interval in wall time on the virtual clock (0: 1 ms).
+	VirtualRefresh time.Duration
+	// MetricsFlavor is whose metric names the simulated servers' /metrics use (empty: vLLM's).
+	MetricsFlavor servermetrics.Flavor
+
 	// PickerConfig is a picker configuration file (defaults when empty).
 	PickerConfig string
 	// PickerBin is a prebuilt picker binary; empty builds cmd/extproc.
 	PickerBin string
-	// PickerAddr targets a running picker instead of starting one per workload; it must have
-	// been started with --endpoints as printed by EndpointList. PickerMetricsAddr is its
+	// PickerAddr targets a running picker instead of starting one per run; it must have been
+	// started with --endpoints as printed by EndpointList. PickerMetricsAddr is its
 	// /metrics host:port (optional); PickerTLS: it serves TLS.
 	PickerAddr, PickerMetricsAddr string
 	PickerTLS                     bool
@@ -45,54 +58,108 @@ type Options struct {
 	Progress io.Writer
 }
 
+// Scenario is a condition a workload runs under: how the servers answer and how big their
+// caches are, and how the picker is configured.
+type Scenario struct {
+	Name  string `json:"name"`
+	About string `json:"about"`
+	// Timing is TimingVLLM or TimingFirstToken.
+	Timing string `json:"responseTiming"`
+	// Streaming is the generated workloads' mix of streamed requests (a trace keeps its own).
+	Streaming StreamMix `json:"streaming"`
+	// OmitCachedTokens: the servers run without --enable-prompt-tokens-details.
+	OmitCachedTokens bool `json:"omitCachedTokens"`
+	// KVBlocks spreads num_gpu_blocks over the engines (ParseKVBlocks); "" keeps the engine
+	// model's.
+	KVBlocks string `json:"kvBlocks,omitempty"`
+	// CapacityFactor, when > 0, sets the picker's lruCapacityPerEndpoint to this multiple of
+	// the engines' mean num_gpu_blocks.
+	CapacityFactor float64 `json:"capacityFactor,omitempty"`
+	// Policies, if set, restricts the policies run in this scenario; BaselinesFrom names the
+	// scenario whose baselines the ratios then use (same workload and seed).
+	Policies      []string `json:"policies,omitempty"`
+	BaselinesFrom string   `json:"baselinesFrom,omitempty"`
+}
+
+// DefaultScenario is vLLM's response timing, the default stream mix and the engine model's
+// caches.
+func DefaultScenario() Scenario {
+	return Scenario{Name: "default", About: "vLLM's response timing, 80% streamed (half with usage), 4,096-block caches",
+		Timing: TimingVLLM, Streaming: DefaultStreaming}
+}
+
+// SmallCaches is the KV-cache spread of the small, unequal caches scenario: 768 to 1,856
+// blocks of 16 tokens, as in the vLLM-faithful replay of issue 8.
+const SmallCaches = "768-1856"
+
+// StandardScenarios are the conditions of the standard report (docs/replay.md, "Scenarios").
+func StandardScenarios() []Scenario {
+	d := DefaultScenario()
+	mixed := d
+	mixed.Name, mixed.About = "mixed", "half the requests not streamed (their headers come at the end), half the streams with usage"
+	mixed.Streaming = StreamMix{Fraction: 0.5, UsageFraction: 0.5}
+	small := d
+	small.Name, small.About = "small-caches", "8 engines of 768-1,856 KV blocks, spread evenly"
+	small.KVBlocks = SmallCaches
+	over := small
+	over.Name, over.About = "capacity-x10", "small caches; the picker configured with 10x their mean num_gpu_blocks"
+	over.CapacityFactor, over.Policies, over.BaselinesFrom = 10, []string{KVPick}, small.Name
+	under := over
+	under.Name, under.About = "capacity-x0.1", "small caches; the picker configured with a tenth of their mean num_gpu_blocks"
+	under.CapacityFactor = 0.1
+	return []Scenario{d, mixed, small, over, under}
+}
+
 // Report is the whole benchmark's outcome.
 type Report struct {
-	Params   ReportParams   `json:"params"`
-	Engine   engine.Config  `json:"engine"`
-	Picker   *config.Config `json:"pickerConfig,omitempty"`
-	Workload []WorkloadInfo `json:"workloads"`
-	Results  []*Summary     `json:"results"`
-	Notes    []string       `json:"notes,omitempty"`
-	Started  time.Time      `json:"started"`
-	Elapsed  float64        `json:"elapsedSeconds"`
+	Params ReportParams  `json:"params"`
+	Engine engine.Config `json:"engine"`
+	// Pickers are the configurations of the pickers the replay started, per scenario, with the
+	// settings it overrode.
+	Pickers    map[string]*PickerSetup `json:"pickers,omitempty"`
+	Scenarios  []Scenario              `json:"scenarios"`
+	Workload   []WorkloadInfo          `json:"workloads"`
+	Results    []*Summary              `json:"results"`
+	Aggregates []*Aggregate            `json:"aggregates"`
+	Notes      []string                `json:"notes,omitempty"`
+	Started    time.Time               `json:"started"`
+	Elapsed    float64                 `json:"elapsedSeconds"`
 }
 
 // ReportParams are the run's parameters.
 type ReportParams struct {
-	Seed         uint64   `json:"seed"`
-	Engines      int      `json:"engines"`
-	Requests     int      `json:"requests"`
-	Rate         float64  `json:"rate"`
-	ErrorRate    float64  `json:"errorRate"`
-	Clock        string   `json:"clock"`
-	TimeScale    float64  `json:"timeScale"`
-	Policies     []string `json:"policies"`
-	Workloads    []string `json:"workloads"`
-	Trace        string   `json:"trace,omitempty"`
-	PickerConfig string   `json:"pickerConfigFile,omitempty"`
-	PickerAddr   string   `json:"pickerAddr,omitempty"`
+	Seeds           []uint64 `json:"seeds"`
+	Engines         int      `json:"engines"`
+	Requests        int      `json:"requests"`
+	Rate            float64  `json:"rate"`
+	ErrorRate       float64  `json:"errorRate"`
+	Clock           string   `json:"clock"`
+	TimeScale       float64  `json:"timeScale"`
+	MetricsInterval string   `json:"metricsInterval"`
+	MetricsFlavor   string   `json:"metricsFlavor"`
+	VirtualRefresh  string   `json:"virtualRefresh,omitempty"`
+	Policies        []string `json:"policies"`
+	Workloads       []string `json:"workloads"`
+	Trace           string   `json:"trace,omitempty"`
+	PickerConfig    string   `json:"pickerConfigFile,omitempty"`
+	PickerAddr      string   `json:"pickerAddr,omitempty"`
 }
 
-// WorkloadInfo describes a workload in the report.
+// WorkloadInfo describes a generated workload in the report.
 type WorkloadInfo struct {
 	Name     string         `json:"name"`
+	Seed     uint64         `json:"seed"`
 	About    string         `json:"about"`
 	Requests int            `json:"requests"`
 	Rate     float64        `json:"rate"`
 	Params   map[string]any `json:"params"`
 }
 
-// EndpointList is the --endpoints value of a picker in front of n simulated engines.
-func EndpointList(n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = EndpointAddr(i)
-	}
-	return out
-}
+// EndpointList is the --endpoints value of a picker in front of n simulated engines when the
+// replay targets a picker it did not start (--picker-addr).
+func EndpointList(n int) []string { return DefaultEndpointBase.List(n) }
 
-// Benchmark runs every workload with every policy and returns the report.
-func Benchmark(ctx context.Context, o Options) (*Report, error) {
+func (o *Options) defaults() error {
 	if o.Engines < 1 {
 		o.Engines = 8
 	}
@@ -102,63 +169,127 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 	if o.TimeScale <= 0 {
 		o.TimeScale = 10
 	}
+	if o.MetricsInterval <= 0 {
+		o.MetricsInterval = DefaultMetricsInterval
+	}
+	if o.MetricsFlavor == "" {
+		o.MetricsFlavor = servermetrics.VLLM
+	}
+	if _, err := servermetrics.ParseFlavor(string(o.MetricsFlavor)); err != nil {
+		return err
+	}
+	if o.VirtualRefresh <= 0 {
+		o.VirtualRefresh = DefaultVirtualRefresh
+	}
+	if len(o.Seeds) == 0 {
+		o.Seeds = []uint64{1}
+	}
 	if len(o.Policies) == 0 {
-		o.Policies = Policies()
+		o.Policies = PolicyNames()
 	}
 	for _, p := range o.Policies {
-		if !slices.Contains(Policies(), p) {
-			return nil, fmt.Errorf("unknown policy %q (have %s)", p, strings.Join(Policies(), ", "))
+		if !slices.Contains(PolicyNames(), p) {
+			return fmt.Errorf("unknown policy %q (have %s)", p, strings.Join(PolicyNames(), ", "))
 		}
 	}
 	if len(o.Workloads) == 0 && o.Trace == "" {
 		o.Workloads = Workloads()
 	}
+	if len(o.Scenarios) == 0 {
+		o.Scenarios = []Scenario{DefaultScenario()}
+	}
+	names := map[string]bool{}
+	for _, sc := range o.Scenarios {
+		if names[sc.Name] {
+			return fmt.Errorf("scenario %q twice", sc.Name)
+		}
+		names[sc.Name] = true
+		if !slices.Contains(ResponseTimings(), sc.Timing) {
+			return fmt.Errorf("scenario %s: response timing %q (want %s)", sc.Name, sc.Timing, strings.Join(ResponseTimings(), " or "))
+		}
+		if err := sc.Streaming.validate(); err != nil {
+			return fmt.Errorf("scenario %s: %w", sc.Name, err)
+		}
+		if _, err := ParseKVBlocks(sc.KVBlocks, o.Engines); err != nil {
+			return fmt.Errorf("scenario %s: %w", sc.Name, err)
+		}
+		if sc.BaselinesFrom != "" && !names[sc.BaselinesFrom] {
+			return fmt.Errorf("scenario %s: baselines from %q, which does not run before it", sc.Name, sc.BaselinesFrom)
+		}
+	}
+	if o.ErrorRate < 0 || o.ErrorRate > 1 {
+		return fmt.Errorf("error rate %v outside [0, 1]", o.ErrorRate)
+	}
+	for _, name := range o.Workloads {
+		if _, _, err := DefaultSize(name, o.Engines); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// policies returns the policies a scenario runs, in report order.
+func (o *Options) policies(sc Scenario) []string {
+	if len(sc.Policies) == 0 {
+		return o.Policies
+	}
+	var out []string
+	for _, p := range o.Policies {
+		if slices.Contains(sc.Policies, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Benchmark runs every seed, workload, scenario and policy and returns the report.
+func Benchmark(ctx context.Context, o Options) (*Report, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
 	ecfg := EngineConfig()
 	rep := &Report{
-		Params: ReportParams{Seed: o.Seed, Engines: o.Engines, Requests: o.Requests, Rate: o.Rate, ErrorRate: o.ErrorRate,
-			Clock: o.Clock, TimeScale: o.TimeScale, Policies: o.Policies, Workloads: o.Workloads, Trace: o.Trace,
-			PickerConfig: o.PickerConfig, PickerAddr: o.PickerAddr},
-		Engine:  ecfg,
-		Started: time.Now(),
+		Params: ReportParams{Seeds: o.Seeds, Engines: o.Engines, Requests: o.Requests, Rate: o.Rate, ErrorRate: o.ErrorRate,
+			Clock: o.Clock, TimeScale: o.TimeScale, MetricsInterval: o.MetricsInterval.String(), Policies: o.Policies,
+			MetricsFlavor: string(o.MetricsFlavor),
+			Workloads:     o.Workloads, Trace: o.Trace, PickerConfig: o.PickerConfig, PickerAddr: o.PickerAddr},
+		Engine:    ecfg,
+		Scenarios: o.Scenarios,
+		Pickers:   map[string]*PickerSetup{},
+		Started:   time.Now(),
 	}
 	if o.Clock == ClockVirtual {
 		rep.Params.TimeScale = 0 // lockstep: no wall-time pacing
+		rep.Params.VirtualRefresh = o.VirtualRefresh.String()
 	}
-	if o.PickerAddr != "" && slices.Contains(o.Policies, KVPick) {
+	wantsPicker := false
+	for _, sc := range o.Scenarios {
+		wantsPicker = wantsPicker || slices.Contains(o.policies(sc), KVPick)
+	}
+	if o.PickerAddr != "" && wantsPicker {
 		rep.Notes = append(rep.Notes, "kvpick ran against a picker at "+o.PickerAddr+
-			": its prefix index carries over from one workload to the next, and its configuration is not recorded")
+			": its prefix index carries over from one run to the next, and its configuration is not recorded")
 	}
 
-	// Check names and read the trace before anything runs; generate each workload when its
-	// turn comes (the largest takes ~150 MB).
-	spec := Spec{Seed: o.Seed, Engines: o.Engines, Requests: o.Requests, Rate: o.Rate, ErrorRate: o.ErrorRate, Engine: ecfg}
-	for _, name := range o.Workloads {
-		if _, _, err := DefaultSize(name, o.Engines); err != nil {
-			return nil, err
-		}
-	}
 	var trace *Workload
 	if o.Trace != "" {
 		var err error
+		spec := Spec{Seed: o.Seeds[0], Engines: o.Engines, Requests: o.Requests, Rate: o.Rate, ErrorRate: o.ErrorRate, Engine: ecfg}
 		if trace, err = ReadTraceFile(o.Trace, spec); err != nil {
 			return nil, err
 		}
 	}
-	if o.ErrorRate < 0 || o.ErrorRate > 1 {
-		return nil, fmt.Errorf("error rate %v outside [0, 1]", o.ErrorRate)
-	}
 
-	var pickerBin string
-	var tmp string
-	if slices.Contains(o.Policies, KVPick) {
+	var pickerBin, tmp string
+	if wantsPicker {
 		var err error
-		tmp, err = os.MkdirTemp("", "kvpick-replay-")
-		if err != nil {
+		if tmp, err = os.MkdirTemp("", "kvpick-replay-"); err != nil {
 			return nil, err
 		}
 		defer os.RemoveAll(tmp)
 		if o.PickerAddr == "" {
-			if rep.Picker, err = PickerConfig(o.PickerConfig, EndpointList(o.Engines), EngineConfig().NumGPUBlocks); err != nil {
+			// Check the configuration before anything runs.
+			if _, err := PickerConfig(PickerOptions{File: o.PickerConfig, Endpoints: EndpointList(o.Engines)}); err != nil {
 				return nil, err
 			}
 			if pickerBin = o.PickerBin; pickerBin == "" {
@@ -170,26 +301,45 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 
-	n := len(o.Workloads)
+	names := append([]string(nil), o.Workloads...)
 	if trace != nil {
-		n++
+		names = append(names, trace.Name)
 	}
-	for i := range n {
-		w := trace
-		if i < len(o.Workloads) {
-			o.progressf("generating %s...\n", o.Workloads[i])
-			var err error
-			if w, err = Generate(o.Workloads[i], spec); err != nil {
-				return nil, err
+	for _, seed := range o.Seeds {
+		for _, name := range names {
+			gens := map[StreamMix]*Workload{}
+			for _, sc := range o.Scenarios {
+				w := trace
+				if trace == nil || name != trace.Name {
+					if w = gens[sc.Streaming]; w == nil {
+						o.progressf("generating %s (seed %d)...\n", name, seed)
+						var err error
+						mix := sc.Streaming
+						if w, err = Generate(name, Spec{Seed: seed, Engines: o.Engines, Requests: o.Requests, Rate: o.Rate,
+							ErrorRate: o.ErrorRate, Engine: ecfg, Streaming: &mix}); err != nil {
+							return nil, err
+						}
+						// One generation per stream mix (two in the standard scenarios: the
+						// largest workload takes ~150 MB).
+						gens[sc.Streaming] = w
+						rep.Workload = append(rep.Workload, WorkloadInfo{Name: w.Name, Seed: seed, About: w.About,
+							Requests: len(w.Requests), Rate: w.Rate, Params: w.Params})
+					}
+				}
+				for _, pol := range o.policies(sc) {
+					s, err := o.runOne(ctx, rep, sc, seed, w, pol, ecfg, pickerBin, tmp)
+					if err != nil {
+						return nil, fmt.Errorf("%s / %s / seed %d / %s: %w", sc.Name, w.Name, seed, pol, err)
+					}
+					rep.Results = append(rep.Results, s)
+				}
 			}
 		}
-		rep.Workload = append(rep.Workload, WorkloadInfo{Name: w.Name, About: w.About, Requests: len(w.Requests), Rate: w.Rate, Params: w.Params})
-		for _, pol := range o.Policies {
-			s, err := o.runOne(ctx, w, pol, ecfg, rep.Picker, pickerBin, tmp)
-			if err != nil {
-				return nil, fmt.Errorf("%s / %s: %w", w.Name, pol, err)
-			}
-			rep.Results = append(rep.Results, s)
+	}
+	rep.Aggregates = Aggregates(rep.Results, o.Scenarios)
+	for _, s := range rep.Results {
+		if s.Scrape != nil && s.Scrape.Note != "" {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s / %s / seed %d: %s", s.Scenario, s.Workload, s.Seed, s.Scrape.Note))
 		}
 	}
 	rep.Elapsed = time.Since(rep.Started).Seconds()
@@ -202,16 +352,111 @@ func (o *Options) progressf(format string, args ...any) {
 	}
 }
 
-func (o *Options) runOne(ctx context.Context, w *Workload, pol string, ecfg engine.Config, pcfg *config.Config, bin, tmp string) (s *Summary, err error) {
-	rc := RunConfig{Workload: w, Policy: pol, Engines: o.Engines, Engine: ecfg, Clock: o.Clock, TimeScale: o.TimeScale}
+// ParseKVBlocks turns a KV-cache spec into num_gpu_blocks per engine: "" (nil: the engine
+// model's), "N" (every engine), "LO-HI" (evenly spaced from LO to HI, in a fixed shuffled order
+// so that engine 0 is not the smallest) or a comma-separated list of one value per engine.
+func ParseKVBlocks(spec string, n int) ([]int, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil, nil
+	}
+	num := func(s string) (int, error) {
+		var v int
+		if _, err := fmt.Sscanf(strings.TrimSpace(s), "%d", &v); err != nil || v < 1 || fmt.Sprint(v) != strings.TrimSpace(s) {
+			return 0, fmt.Errorf("KV blocks %q: %q is not a positive integer", spec, s)
+		}
+		return v, nil
+	}
+	out := make([]int, n)
+	switch {
+	case strings.Contains(spec, ","):
+		parts := strings.Split(spec, ",")
+		if len(parts) != n {
+			return nil, fmt.Errorf("KV blocks %q: %d values for %d engines", spec, len(parts), n)
+		}
+		for i, p := range parts {
+			v, err := num(p)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+		}
+	case strings.Contains(spec, "-"):
+		a, b, _ := strings.Cut(spec, "-")
+		lo, err := num(a)
+		if err != nil {
+			return nil, err
+		}
+		hi, err := num(b)
+		if err != nil {
+			return nil, err
+		}
+		if hi < lo {
+			return nil, fmt.Errorf("KV blocks %q: %d > %d", spec, lo, hi)
+		}
+		perm := newRand(0, "kv-blocks").Perm(n)
+		for i := range n {
+			v := lo
+			if n > 1 {
+				v = lo + int(math.Round(float64(hi-lo)*float64(i)/float64(n-1)))
+			}
+			out[perm[i]] = v
+		}
+	default:
+		v, err := num(spec)
+		if err != nil {
+			return nil, err
+		}
+		for i := range out {
+			out[i] = v
+		}
+	}
+	return out, nil
+}
+
+func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uint64, w *Workload, pol string,
+	ecfg engine.Config, bin, tmp string) (s *Summary, err error) {
+	blocks, err := ParseKVBlocks(sc.KVBlocks, o.Engines)
+	if err != nil {
+		return nil, err
+	}
+	rc := RunConfig{Workload: w, Policy: pol, Engines: o.Engines, Engine: ecfg, KVBlocks: blocks, Clock: o.Clock,
+		TimeScale: o.TimeScale, Timing: sc.Timing, OmitCachedTokens: sc.OmitCachedTokens, MetricsInterval: o.MetricsInterval,
+		MetricsFlavor: o.MetricsFlavor, Seed: seed}
 	var before *promtext.Metrics
 	if pol == KVPick {
+		eps, err := ListenEndpoints(o.Engines, DefaultEndpointBase, o.PickerAddr != "")
+		if err != nil {
+			return nil, err
+		}
+		defer eps.Close()
+		rc.Endpoints = eps
 		var p *Picker
 		if o.PickerAddr != "" {
 			p, err = DialPicker(ctx, o.PickerAddr, o.PickerMetricsAddr, o.PickerTLS)
 		} else {
-			// A fresh picker per workload: its index must not remember the previous one.
-			p, err = StartPicker(ctx, bin, pcfg, tmp)
+			capacity := 0
+			if sc.CapacityFactor > 0 {
+				capacity = int(math.Round(sc.CapacityFactor * meanBlocks(blocks, ecfg)))
+			}
+			setup, err := PickerConfig(PickerOptions{File: o.PickerConfig, Endpoints: eps.Addrs(), Clock: o.Clock,
+				TimeScale: o.TimeScale, VirtualRefresh: o.VirtualRefresh, CapacityBlocks: capacity})
+			if err != nil {
+				return nil, err
+			}
+			if rep.Pickers[sc.Name] == nil {
+				rep.Pickers[sc.Name] = setup
+			}
+			if setup.Refresh > 0 {
+				rc.MetricsInterval = setup.Refresh
+			} else {
+				rc.ScrapeOff = true
+			}
+			// A fresh picker per run: its index must not remember the previous one.
+			p, err = StartPicker(ctx, bin, setup.Config, tmp)
+			if err != nil {
+				return nil, err
+			}
 		}
 		if err != nil {
 			return nil, err
@@ -228,7 +473,8 @@ func (o *Options) runOne(ctx context.Context, w *Workload, pol string, ecfg engi
 			}
 		}
 	}
-	bar := newProgressBar(o.Progress, w.Name+" / "+pol, len(w.Requests))
+	label := fmt.Sprintf("%s/%s/%d/%s", sc.Name, w.Name, seed, pol)
+	bar := newProgressBar(o.Progress, label, len(w.Requests))
 	rc.Progress = bar.update
 	res, err := Run(ctx, rc)
 	bar.finish(err)
@@ -239,6 +485,7 @@ func (o *Options) runOne(ctx context.Context, w *Workload, pol string, ecfg engi
 		return nil, err
 	}
 	s = Summarize(res)
+	s.Scenario, s.Seed = sc.Name, seed
 	if rc.Picker != nil && rc.Picker.MetricsAddr != "" {
 		after, err := ScrapeMetrics(ctx, rc.Picker.MetricsAddr)
 		if err != nil {
@@ -247,6 +494,17 @@ func (o *Options) runOne(ctx context.Context, w *Workload, pol string, ecfg engi
 		addPickerMetrics(s, before, after)
 	}
 	return s, nil
+}
+
+func meanBlocks(blocks []int, ecfg engine.Config) float64 {
+	if len(blocks) == 0 {
+		return float64(ecfg.NumGPUBlocks)
+	}
+	sum := 0
+	for _, b := range blocks {
+		sum += b
+	}
+	return float64(sum) / float64(len(blocks))
 }
 
 // addPickerMetrics fills the picker's numbers from two scrapes of its /metrics, before and

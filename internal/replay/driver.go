@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/kvpick/kvpick/internal/dataplane"
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 )
 
 // Clock modes.
@@ -19,6 +22,11 @@ const (
 	ClockVirtual = "virtual"
 )
 
+// DefaultMetricsInterval is how often, in simulated time, the model servers' metrics are
+// sampled for the routers that read them: the picker's default refreshInterval and the
+// Gateway API Inference Extension's --refresh-metrics-interval.
+const DefaultMetricsInterval = 50 * time.Millisecond
+
 // RunConfig is one replay of a workload with one policy on fresh engines.
 type RunConfig struct {
 	Workload *Workload
@@ -26,14 +34,53 @@ type RunConfig struct {
 	Engines  int
 	// Engine is the engines' configuration (zero: EngineConfig()).
 	Engine engine.Config
+	// KVBlocks, if set, gives each engine its own num_gpu_blocks (len Engines); MaxModelLen is
+	// then the smallest cache's tokens on every engine, as one deployment's replicas share it.
+	KVBlocks []int
 	// Clock is ClockVirtual (lockstep discrete-event simulation) or ClockReal (simulated time
 	// = wall time × TimeScale).
 	Clock     string
 	TimeScale float64
-	// Picker routes the kvpick policy.
-	Picker *Picker
+	// Timing is TimingVLLM (default) or TimingFirstToken.
+	Timing string
+	// OmitCachedTokens: the engines run without --enable-prompt-tokens-details, so usage
+	// reports carry no cached_tokens (prompt_tokens_details is null).
+	OmitCachedTokens bool
+	// MetricsFlavor is whose metric names the engines' /metrics pages use (empty: vLLM's).
+	MetricsFlavor servermetrics.Flavor
+	// MetricsInterval is the simulated time between two metrics snapshots (0: 50 ms); for
+	// kvpick, the picker's refresh interval. ScrapeOff: the picker does not scrape (its
+	// refresh interval is 0), so the virtual clock does not wait for it.
+	MetricsInterval time.Duration
+	ScrapeOff       bool
+	// Picker routes the kvpick policy; Endpoints are the engines' addresses it routes to (their
+	// /metrics is what it scrapes).
+	Picker    *Picker
+	Endpoints *Endpoints
+	// ScrapeFirstWait and ScrapeWait bound, in wall time, how long a virtual-clock metrics tick
+	// waits for the picker to apply the new pages: at the first tick (a picker that never
+	// fetches does not scrape) and later (0: 3 s and 10 s).
+	ScrapeFirstWait, ScrapeWait time.Duration
+	// Seed seeds the baselines' random tie-breaks (gie).
+	Seed uint64
 	// Progress, if set, is told how many requests are finished.
 	Progress func(done, total int)
+	// Trace, if set, is told about every step of every request's exchange, in order (tests).
+	Trace func(Event)
+}
+
+// Event is a step of a request's life, for RunConfig.Trace.
+type Event struct {
+	Request int
+	// Kind: "arrive", "submit", "first-token" and "done" (the engine), "response-headers",
+	// "response-body" and "response-end" (what the picker was sent).
+	Kind string
+	// At is the simulated time.
+	At time.Time
+	// Data is the body chunk of response-body and response-end events.
+	Data []byte
+	// Status is the status of response-headers.
+	Status int
 }
 
 // Record is what happened to one request.
@@ -48,6 +95,8 @@ type Record struct {
 	Rejected bool
 	// Err is an ext_proc client error (protocol or transport).
 	Err string
+	// Stream: the request asked for a streamed answer.
+	Stream bool
 	// Result is the engine's account (successful requests).
 	Result engine.Result
 	// Arrival is when the request arrived (simulated time).
@@ -72,6 +121,17 @@ type RunResult struct {
 	// Start is simulated time zero; Wall the run's wall time.
 	Start time.Time
 	Wall  time.Duration
+	// Scrape is the virtual clock's metrics handshake with the picker (nil otherwise).
+	Scrape *ScrapeStats
+}
+
+// ScrapeStats account for the virtual clock's wait for the picker's scrapes.
+type ScrapeStats struct {
+	Ticks    int     `json:"ticks"`
+	Waited   int     `json:"waited"`
+	WallSec  float64 `json:"wallSeconds"`
+	Timeouts int     `json:"timeouts"`
+	Note     string  `json:"note,omitempty"`
 }
 
 // SamplePeriod is how often (simulated time) the driver samples the engines' load.
@@ -83,6 +143,13 @@ type Sample struct {
 	Load []engine.Load
 }
 
+// metricsBoard is what the baselines that read model-server metrics see: every engine's
+// Stats as of the last metrics tick, up to one interval stale.
+type metricsBoard struct {
+	at    time.Time
+	stats []engine.Stats
+}
+
 type driver struct {
 	cfg   RunConfig
 	ctx   context.Context
@@ -91,12 +158,15 @@ type driver struct {
 	pol   policy
 	dests map[string]int
 	deps  [][]int
+	board *metricsBoard
+	sync  *scrapeSync
 
 	mu      sync.Mutex
 	recs    []Record
 	peak    []int
 	samples []Sample
 	done    int
+	err     error
 	allDone chan struct{}
 }
 
@@ -115,6 +185,41 @@ func (d *driver) sample() {
 	d.clk.AfterFunc(SamplePeriod, d.sample)
 }
 
+// metricsTick takes the engines' metrics snapshot: the baselines' board and, on the virtual
+// clock, the pages the picker scrapes (waiting until it has applied them).
+func (d *driver) metricsTick() {
+	d.mu.Lock()
+	if d.done == len(d.recs) || d.err != nil {
+		d.mu.Unlock()
+		return
+	}
+	now := d.clk.Now()
+	d.board.at = now
+	var pages [][]byte
+	if d.sync != nil {
+		pages = make([][]byte, len(d.engs))
+	}
+	for i, e := range d.engs {
+		st := e.Stats()
+		// An engine whose state did not change keeps its page (which would differ only in
+		// the timestamp vLLM puts in lora_requests_info): no need to wait for the picker.
+		if pages != nil && !reflect.DeepEqual(st, d.board.stats[i]) {
+			pages[i] = servermetrics.Render(e.Config(), st, now, servermetrics.Options{Flavor: d.cfg.MetricsFlavor, Started: Epoch})
+		}
+		d.board.stats[i] = st
+	}
+	d.mu.Unlock()
+	if d.sync != nil {
+		if err := d.sync.tick(d.ctx, pages); err != nil {
+			d.mu.Lock()
+			d.err = err
+			d.mu.Unlock()
+			return
+		}
+	}
+	d.clk.AfterFunc(d.cfg.MetricsInterval, d.metricsTick)
+}
+
 // Run replays cfg.Workload with cfg.Policy on fresh engines.
 func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 	if cfg.Engines < 1 {
@@ -126,8 +231,22 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 	if cfg.TimeScale <= 0 {
 		cfg.TimeScale = 10
 	}
+	if cfg.MetricsInterval <= 0 {
+		cfg.MetricsInterval = DefaultMetricsInterval
+	}
+	switch cfg.Timing {
+	case "":
+		cfg.Timing = TimingVLLM
+	case TimingVLLM, TimingFirstToken:
+	default:
+		return nil, fmt.Errorf("response timing %q: want %s", cfg.Timing, strings.Join(ResponseTimings(), " or "))
+	}
+	if cfg.KVBlocks != nil && len(cfg.KVBlocks) != cfg.Engines {
+		return nil, fmt.Errorf("%d KV cache sizes for %d engines", len(cfg.KVBlocks), cfg.Engines)
+	}
 	wl := cfg.Workload
-	d := &driver{cfg: cfg, ctx: ctx, dests: map[string]int{}, allDone: make(chan struct{})}
+	d := &driver{cfg: cfg, ctx: ctx, dests: map[string]int{}, allDone: make(chan struct{}),
+		board: &metricsBoard{stats: make([]engine.Stats, cfg.Engines)}}
 	var vclk *engine.VirtualClock
 	switch cfg.Clock {
 	case ClockVirtual:
@@ -138,20 +257,38 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 	default:
 		return nil, fmt.Errorf("clock %q: want real or virtual", cfg.Clock)
 	}
-	for i := range cfg.Engines {
-		e, err := engine.New(cfg.Engine, d.clk)
+	for _, ecfg := range EngineConfigs(cfg.Engine, cfg.Engines, cfg.KVBlocks) {
+		e, err := engine.New(ecfg, d.clk)
 		if err != nil {
 			return nil, err
 		}
 		d.engs = append(d.engs, e)
-		d.dests[EndpointAddr(i)] = i
 	}
 	if cfg.Policy == KVPick {
-		if cfg.Picker == nil {
-			return nil, errors.New("the kvpick policy needs a picker")
+		if cfg.Picker == nil || cfg.Endpoints == nil {
+			return nil, errors.New("the kvpick policy needs a picker and the engines' endpoints")
 		}
-	} else if d.pol = newPolicy(cfg.Policy, d.engs, cfg.Engine); d.pol == nil {
-		return nil, fmt.Errorf("unknown policy %q (have %s)", cfg.Policy, strings.Join(Policies(), ", "))
+		if cfg.Endpoints.Len() != cfg.Engines {
+			return nil, fmt.Errorf("%d endpoints for %d engines", cfg.Endpoints.Len(), cfg.Engines)
+		}
+		for i, a := range cfg.Endpoints.Addrs() {
+			d.dests[a] = i
+		}
+		if vclk != nil && !cfg.ScrapeOff {
+			cfg.Endpoints.serveSnapshots()
+			d.sync = &scrapeSync{eps: cfg.Endpoints, first: cfg.ScrapeFirstWait, each: cfg.ScrapeWait}
+			if d.sync.first <= 0 {
+				d.sync.first = 3 * time.Second
+			}
+			if d.sync.each <= 0 {
+				d.sync.each = 10 * time.Second
+			}
+		} else {
+			cfg.Endpoints.serveLive(d.engs, cfg.MetricsFlavor)
+		}
+		defer cfg.Endpoints.detach()
+	} else if d.pol = newBaseline(cfg.Policy, d.engs, cfg.Engine, d.board, cfg.Seed); d.pol == nil {
+		return nil, fmt.Errorf("unknown policy %q (have %s)", cfg.Policy, strings.Join(PolicyNames(), ", "))
 	}
 	n := len(wl.Requests)
 	d.recs = make([]Record, n)
@@ -171,6 +308,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 	}
 
 	wall := time.Now()
+	d.clk.AfterFunc(0, d.metricsTick)
 	d.clk.AfterFunc(0, d.sample)
 	elapsed := d.clk.Now().Sub(Epoch)
 	for i := range wl.Requests {
@@ -181,6 +319,9 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 	}
 	if vclk != nil {
 		vclk.RunUntilIdle()
+		if d.err != nil {
+			return nil, d.err
+		}
 		if d.done < n {
 			return nil, fmt.Errorf("the simulation ran dry with %d of %d requests unfinished", n-d.done, n)
 		}
@@ -197,7 +338,32 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 	for _, e := range d.engs {
 		res.Stats = append(res.Stats, e.Stats())
 	}
+	if ss := d.sync; ss != nil {
+		res.Scrape = &ScrapeStats{Ticks: ss.ticks, Waited: ss.waited, WallSec: ss.wall.Seconds(), Timeouts: ss.timeouts, Note: ss.note}
+	}
 	return res, nil
+}
+
+// EngineConfigs returns the configurations of n engines: base, with its own num_gpu_blocks
+// each when kvBlocks is set. The replicas of one deployment share max_model_len, and vLLM
+// refuses to start when one sequence of that length does not fit the cache, so it is then the
+// smallest cache's tokens (unless base sets a smaller one).
+func EngineConfigs(base engine.Config, n int, kvBlocks []int) []engine.Config {
+	out := make([]engine.Config, n)
+	for i := range out {
+		out[i] = base
+	}
+	if len(kvBlocks) != n {
+		return out
+	}
+	limit := slices.Min(kvBlocks) * base.BlockSize
+	for i, b := range kvBlocks {
+		out[i].NumGPUBlocks = b
+		if out[i].MaxModelLen == 0 || out[i].MaxModelLen > limit {
+			out[i].MaxModelLen = limit
+		}
+	}
+	return out
 }
 
 // flight is one request in flight: its ext_proc stream (kvpick) and how far its response got.
@@ -207,21 +373,31 @@ type flight struct {
 	rec  Record
 	x    *dataplane.Exchange
 	dest string
+	resp *responder
 
 	mu          sync.Mutex
 	headersSent bool // response headers handed to the picker
+	firstSent   bool // a stream's first event handed to the picker
 	ended       bool // the exchange is over (closed or cancelled)
 	finished    bool // the engine reported Done
 }
 
 var (
 	requestHeaders = []dataplane.Header{{Key: "content-type", Value: "application/json"}, {Key: "user-agent", Value: "kvpick-replay"}}
-	sseHeaders     = []dataplane.Header{{Key: "content-type", Value: "text/event-stream"}, {Key: "cache-control", Value: "no-cache"}}
+	sseHeaders     = []dataplane.Header{{Key: "content-type", Value: "text/event-stream; charset=utf-8"}, {Key: "cache-control", Value: "no-cache"}}
 	jsonHeaders    = []dataplane.Header{{Key: "content-type", Value: "application/json"}}
 )
 
+func (d *driver) trace(r *Request, kind string, data []byte, status int) {
+	if d.cfg.Trace != nil {
+		d.cfg.Trace(Event{Request: r.ID, Kind: kind, At: d.clk.Now(), Data: data, Status: status})
+	}
+}
+
 func (d *driver) arrive(r *Request) {
-	f := &flight{d: d, r: r, rec: Record{Engine: -1, Arrival: d.clk.Now()}}
+	f := &flight{d: d, r: r, rec: Record{Engine: -1, Arrival: d.clk.Now(), Stream: r.Stream}}
+	f.resp = newResponder(r, f.rec.Arrival.Unix(), !d.cfg.OmitCachedTokens)
+	d.trace(r, "arrive", nil, 0)
 	e := -1
 	if d.pol == nil {
 		var ok bool
@@ -236,7 +412,6 @@ func (d *driver) arrive(r *Request) {
 		t0 := time.Now()
 		e = d.pol.pick(r, now)
 		f.rec.Decision = time.Since(t0)
-		f.dest = EndpointAddr(e)
 	}
 	f.rec.Engine = e
 	if r.Fail {
@@ -244,6 +419,8 @@ func (d *driver) arrive(r *Request) {
 		f.fail(500, "injected failure")
 		return
 	}
+	// The engine's callbacks for this request wait until its response has started.
+	f.mu.Lock()
 	_, err := d.engs[e].Submit(engine.Request{ID: strconv.Itoa(r.ID), Prompt: r.Prompt, MaxTokens: r.MaxTokens, CacheSalt: r.CacheSalt},
 		engine.Callbacks{FirstToken: f.onFirstToken, Done: f.onDone})
 	if err == nil {
@@ -254,15 +431,25 @@ func (d *driver) arrive(r *Request) {
 		d.peak[e] = max(d.peak[e], l.Running+l.Waiting)
 	}
 	d.mu.Unlock()
-	switch {
-	case err == nil:
-	case errors.Is(err, engine.ErrOverloaded):
-		f.fail(503, err.Error())
-	case errors.Is(err, engine.ErrInjected):
-		f.fail(500, err.Error())
-	default:
-		f.fail(400, err.Error())
+	if err != nil {
+		f.mu.Unlock()
+		switch {
+		case errors.Is(err, engine.ErrOverloaded):
+			f.fail(503, err.Error())
+		case errors.Is(err, engine.ErrInjected):
+			f.fail(500, err.Error())
+		default:
+			f.fail(400, err.Error())
+		}
+		return
 	}
+	d.trace(r, "submit", nil, 0)
+	// vLLM's handler returns its StreamingResponse as soon as the request is queued: the
+	// status and headers of a stream reach the proxy before any prefill.
+	if f.x != nil && r.Stream && d.cfg.Timing == TimingVLLM {
+		f.sendHeaders(200, sseHeaders)
+	}
+	f.mu.Unlock()
 }
 
 // route asks the picker, as the proxy would, where the request goes. It reports false when the
@@ -314,11 +501,16 @@ func (f *flight) fail(status int, msg string) {
 	f.rec.Status = status
 	if f.x != nil {
 		f.mu.Lock()
-		f.sendHeaders(status, jsonHeaders)
-		f.endResponse(fmt.Appendf(nil, `{"error":{"message":%q,"type":"server_error","code":%d}}`, msg, status))
+		body := errorBody(status, msg)
+		f.sendHeaders(status, withLength(jsonHeaders, len(body)))
+		f.endResponse(body)
 		f.mu.Unlock()
 	}
 	f.d.finish(f)
+}
+
+func withLength(hs []dataplane.Header, n int) []dataplane.Header {
+	return append(slices.Clip(hs), dataplane.Header{Key: "content-length", Value: strconv.Itoa(n)})
 }
 
 // sendHeaders hands the response headers to the picker, with the served endpoint.
@@ -327,6 +519,7 @@ func (f *flight) sendHeaders(status int, headers []dataplane.Header) {
 		return
 	}
 	f.headersSent = true
+	f.d.trace(f.r, "response-headers", nil, status)
 	if _, im, err := f.x.ResponseHeaders(status, headers, f.dest, false); err != nil {
 		f.abort("response headers: " + err.Error())
 	} else if im != nil {
@@ -334,13 +527,29 @@ func (f *flight) sendHeaders(status int, headers []dataplane.Header) {
 	}
 }
 
-// sendBody hands a response body chunk to the picker.
+// sendBody hands a response body chunk to the picker and reads what it passes on: the client
+// reads as it goes, and on the virtual clock the next event must not overtake the picker's
+// handling of this chunk (its first body byte ends the request's prefill in its estimate).
 func (f *flight) sendBody(chunk []byte) {
 	if f.ended {
 		return
 	}
+	f.d.trace(f.r, "response-body", chunk, 0)
 	if err := f.x.ResponseBody(chunk, false); err != nil {
 		f.abort("response body: " + err.Error())
+		return
+	}
+	for got := 0; got < len(chunk); {
+		b, eos, err := f.x.NextResponseBody(f.d.ctx)
+		if err != nil {
+			f.abort("response body: " + err.Error())
+			return
+		}
+		got += len(b)
+		if eos {
+			f.abort("the picker ended the response body early")
+			return
+		}
 	}
 }
 
@@ -351,6 +560,7 @@ func (f *flight) endResponse(last []byte) {
 		return
 	}
 	f.ended = true
+	f.d.trace(f.r, "response-end", last, 0)
 	x := f.x
 	if err := x.ResponseBody(last, true); err != nil {
 		f.abort("response body: " + err.Error())
@@ -379,21 +589,23 @@ func (f *flight) abort(msg string) {
 	f.x.Cancel()
 }
 
-func sseChunk(id int, content string) []byte {
-	return fmt.Appendf(nil, "data: {\"id\":\"chatcmpl-%d\",\"object\":\"chat.completion.chunk\",\"model\":%q,"+
-		"\"choices\":[{\"index\":0,\"delta\":{\"content\":%q},\"finish_reason\":null}]}\n\n", id, Model, content)
-}
-
-// onFirstToken: the response starts (status 200, the first token's chunk).
+// onFirstToken: a stream's first events (vLLM's role event and the first token's text).
 func (f *flight) onFirstToken(res engine.Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.finished {
 		return // Done overtook it (real clock)
 	}
+	f.d.trace(f.r, "first-token", nil, 0)
 	if f.x != nil {
-		f.sendHeaders(200, sseHeaders)
-		f.sendBody(sseChunk(f.r.ID, res.Text(0, 1)))
+		switch {
+		case f.r.Stream:
+			f.sendHeaders(200, sseHeaders) // already sent with vLLM's timing
+			f.sendBody(f.resp.first(res))
+			f.firstSent = true
+		case f.d.cfg.Timing == TimingFirstToken:
+			f.sendHeaders(200, jsonHeaders)
+		}
 	}
 	if f.d.pol != nil {
 		f.d.mu.Lock()
@@ -402,25 +614,38 @@ func (f *flight) onFirstToken(res engine.Result) {
 	}
 }
 
-// onDone: the rest of the output, the usage chunk, the end of the stream.
+// onDone: the rest of a stream (its usage event if asked for), or a whole non-streamed body.
 func (f *flight) onDone(res engine.Result) {
 	f.mu.Lock()
 	f.finished = true
 	f.rec.Result = res
 	f.rec.Status = 200
-	if res.Outcome != engine.OutcomeStop && res.Outcome != engine.OutcomeLength {
+	ok := res.Outcome == engine.OutcomeStop || res.Outcome == engine.OutcomeLength
+	if !ok {
 		f.rec.Status = 500
 	}
+	f.d.trace(f.r, "done", nil, 0)
 	if f.x != nil {
-		if !f.headersSent {
+		switch {
+		case f.r.Stream && ok:
 			f.sendHeaders(200, sseHeaders)
-			f.sendBody(sseChunk(f.r.ID, res.Text(0, 1)))
+			from := 0
+			if f.firstSent {
+				from = 1
+			}
+			f.endResponse(f.resp.rest(res, from, f.r.IncludeUsage))
+		case f.r.Stream:
+			f.sendHeaders(200, sseHeaders)
+			f.endResponse(f.resp.streamError("generation failed: " + string(res.Outcome)))
+		case ok:
+			body := f.resp.whole(res)
+			f.sendHeaders(200, withLength(jsonHeaders, len(body)))
+			f.endResponse(body)
+		default:
+			body := errorBody(500, "generation failed: "+string(res.Outcome))
+			f.sendHeaders(500, withLength(jsonHeaders, len(body)))
+			f.endResponse(body)
 		}
-		f.sendBody(sseChunk(f.r.ID, res.Text(1, res.CompletionTokens)))
-		f.endResponse(fmt.Appendf(nil, "data: {\"id\":\"chatcmpl-%d\",\"object\":\"chat.completion.chunk\","+
-			"\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":%q}],\"usage\":{\"prompt_tokens\":%d,"+
-			"\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\ndata: [DONE]\n\n",
-			f.r.ID, res.Outcome, res.PromptTokens, res.CompletionTokens, res.CachedTokens))
 	}
 	if f.d.pol != nil {
 		f.d.mu.Lock()

@@ -69,12 +69,16 @@ func quantiles(v []float64) Quantiles {
 // Summary is the report of one workload × policy run. Times are simulated seconds unless
 // named wall.
 type Summary struct {
+	Scenario string `json:"scenario"`
 	Workload string `json:"workload"`
+	Seed     uint64 `json:"seed"`
 	Policy   string `json:"policy"`
 
 	Requests  int `json:"requests"`
 	Completed int `json:"completed"`
-	Errors    int `json:"errors"`
+	// Streamed is how many requests asked for a streamed answer.
+	Streamed int `json:"streamed"`
+	Errors   int `json:"errors"`
 	// ErrorsByKind: "injected" (500 by --error-rate), "overloaded" (503, engine queue full),
 	// "invalid" (400, too long), "picker-NNN" (the picker's immediate response), "exchange"
 	// (ext_proc client or protocol error).
@@ -112,6 +116,9 @@ type Summary struct {
 	Util        float64 `json:"utilization"`
 	// MeanWaiting is the mean number of requests waiting per engine over the window.
 	MeanWaiting float64 `json:"meanWaiting"`
+	// Preemptions is how many times the engines took a running request's KV blocks back
+	// (vllm:num_preemptions), summed over engines.
+	Preemptions uint64 `json:"preemptions"`
 
 	// Decision is the routing decision's latency: for kvpick the picker's
 	// kvpick_decision_duration_seconds histogram (NaN when its /metrics is not known).
@@ -123,6 +130,8 @@ type Summary struct {
 	PickerRSSBytes Num `json:"pickerRSSBytes"`
 
 	WallSeconds float64 `json:"wallSeconds"`
+	// Scrape is the virtual clock's wait for the picker's metrics scrapes (kvpick only).
+	Scrape *ScrapeStats `json:"scrape,omitempty"`
 }
 
 // Summarize computes the report of a run.
@@ -137,6 +146,7 @@ func Summarize(res *RunResult) *Summary {
 		Decision:          noQuantiles,
 		PickerRSSBytes:    Num(math.NaN()),
 		WallSeconds:       res.Wall.Seconds(),
+		Scrape:            res.Scrape,
 	}
 	var ttft, wait, lat, rt []float64
 	var first, last, lastArrival time.Time
@@ -151,6 +161,9 @@ func Summarize(res *RunResult) *Summary {
 		}
 		if r.Engine >= 0 {
 			s.RequestsPerEngine[r.Engine]++
+		}
+		if r.Stream {
+			s.Streamed++
 		}
 		if r.Decision > 0 || r.Engine >= 0 {
 			rt = append(rt, r.Decision.Seconds())
@@ -189,6 +202,9 @@ func Summarize(res *RunResult) *Summary {
 	s.PrefillUtil = prefillUtilization(res, first, lastArrival)
 	s.BatchUtil, s.MeanWaiting = batchUtilization(res, first, lastArrival)
 	s.Util = math.Max(s.PrefillUtil, s.BatchUtil)
+	for _, st := range res.Stats {
+		s.Preemptions += st.Preemptions
+	}
 	return s
 }
 
@@ -208,16 +224,20 @@ func errorKind(r *Record) string {
 	return "status-" + strconv.Itoa(r.Status)
 }
 
-// prefillUtilization returns the fraction of [from, to] the engines' prefill queues were busy.
+// prefillUtilization returns the fraction of [from, to] the engines spent prefilling: per
+// engine, the union of its requests' prefill intervals (first scheduling to first token). With
+// chunked prefill several requests prefill in the same steps, so their intervals overlap and
+// are counted once.
 func prefillUtilization(res *RunResult, from, to time.Time) float64 {
 	window := to.Sub(from)
 	if window <= 0 || res.Config.Engines == 0 {
 		return 0
 	}
-	var busy time.Duration
+	type span struct{ a, b time.Time }
+	per := make([][]span, res.Config.Engines)
 	for i := range res.Records {
 		r := &res.Records[i]
-		if !r.OK() || r.Result.Slow {
+		if !r.OK() || r.Result.Slow || r.Engine < 0 || r.Engine >= len(per) {
 			continue
 		}
 		a, b := r.Result.PrefillStart, r.Result.FirstToken
@@ -228,7 +248,21 @@ func prefillUtilization(res *RunResult, from, to time.Time) float64 {
 			b = to
 		}
 		if b.After(a) {
-			busy += b.Sub(a)
+			per[r.Engine] = append(per[r.Engine], span{a, b})
+		}
+	}
+	var busy time.Duration
+	for _, spans := range per {
+		slices.SortFunc(spans, func(x, y span) int { return x.a.Compare(y.a) })
+		var end time.Time
+		for _, s := range spans {
+			if s.a.After(end) {
+				busy += s.b.Sub(s.a)
+				end = s.b
+			} else if s.b.After(end) {
+				busy += s.b.Sub(end)
+				end = s.b
+			}
 		}
 	}
 	return busy.Seconds() / (float64(res.Config.Engines) * window.Seconds())

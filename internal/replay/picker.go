@@ -5,10 +5,9 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
-	"os"
+	"strings"
+	"sync"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -33,30 +32,113 @@ func BuildPicker(ctx context.Context, dir string, flags ...string) (string, erro
 	return bin, nil
 }
 
+// PickerOptions are what the replay must set in the configuration of a picker it starts.
+type PickerOptions struct {
+	// File is the user's configuration file ("": the compiled-in defaults).
+	File string
+	// Endpoints are the simulated engines' addresses.
+	Endpoints []string
+	// Clock and TimeScale: on the real clock the picker's durations that mean simulated time
+	// (the metrics refresh interval and staleness bound) are divided by TimeScale; on the
+	// virtual clock the picker scrapes every VirtualRefresh of wall time (default 1 ms) and its
+	// metrics never go stale, the driver pacing what they say (docs/replay.md, "Clocks").
+	Clock          string
+	TimeScale      float64
+	VirtualRefresh time.Duration
+	// CapacityBlocks, when > 0, sets the prefix scorer's lruCapacityPerEndpoint (the
+	// mis-sized-capacity scenarios).
+	CapacityBlocks int
+}
+
+// PickerSetup is the configuration a started picker runs with, and what the replay changed in
+// it.
+type PickerSetup struct {
+	Config *config.Config `json:"config"`
+	// Overrides lists every value the replay set, with the value it replaced.
+	Overrides []Override `json:"overrides"`
+	// Refresh is the picker's metrics refresh interval in simulated time (0: it does not
+	// scrape): the virtual clock publishes the engines' metrics at this period.
+	Refresh time.Duration `json:"refreshSimulated"`
+}
+
+// Override is one setting the replay changed.
+type Override struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+	Was   string `json:"was"`
+	Why   string `json:"why"`
+}
+
+func (o Override) String() string {
+	return fmt.Sprintf("%s = %s (was %s): %s", o.Key, o.Value, o.Was, o.Why)
+}
+
+// DefaultVirtualRefresh is the picker's wall-time scrape interval on the virtual clock: each
+// metrics tick waits for a little more than one (the picker's minimum): between ticks its scrape
+// loops sit parked (publish), so a short interval costs no CPU.
+const DefaultVirtualRefresh = time.Millisecond
+
+// virtualStaleness is the picker's staleness bound on the virtual clock: wall-time gaps never
+// make metrics stale there, since the driver itself keeps them exactly one tick old at most.
+const virtualStaleness = time.Hour
+
 // PickerConfig returns the configuration a picker in front of the simulated engines runs with:
-// the user's file (or the defaults when file is ""), with the pool set to endpoints and active
-// health checks off (the simulated engines serve no HTTP). The prefix index is sized the way
-// config/default.yaml tells an operator to size it, 85% of the servers' num_gpu_blocks
-// (engineBlocks), unless the file sets lruCapacityPerEndpoint itself.
-func PickerConfig(file string, endpoints []string, engineBlocks int) (*config.Config, error) {
-	cfg, err := config.Load(file)
+// the user's file (or the defaults), with the replay's settings (PickerOptions).
+func PickerConfig(o PickerOptions) (*PickerSetup, error) {
+	cfg, err := config.Load(o.File)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Pool.Endpoints = endpoints
+	if o.TimeScale <= 0 {
+		o.TimeScale = 10
+	}
+	if o.VirtualRefresh <= 0 {
+		o.VirtualRefresh = DefaultVirtualRefresh
+	}
+	st := &PickerSetup{Config: cfg}
+	set := func(key, value, was, why string) {
+		st.Overrides = append(st.Overrides, Override{key, value, was, why})
+	}
+	set("pool.endpoints", fmt.Sprintf("[%s]", strings.Join(o.Endpoints, ",")), fmt.Sprintf("%v", cfg.Pool.Endpoints),
+		"the simulated engines' loopback addresses")
+	cfg.Pool.Endpoints = o.Endpoints
+	set("pool.healthCheck.interval", "0s", cfg.Pool.HealthCheck.Interval.D().String(), "health checks off: the simulated engines never fail")
 	cfg.Pool.HealthCheck.Interval = 0
-	if engineBlocks > 0 {
-		userSet, err := setsCapacity(file)
+
+	m := &cfg.Pool.Metrics
+	st.Refresh = m.RefreshInterval.D()
+	if m.RefreshInterval > 0 {
+		refresh, stale := m.RefreshInterval.D(), m.StalenessThreshold.D()
+		var newRefresh, newStale time.Duration
+		var why string
+		if o.Clock == ClockVirtual {
+			newRefresh, newStale = o.VirtualRefresh, virtualStaleness
+			why = fmt.Sprintf("virtual clock: the engines' metrics change every %v of simulated time and the driver waits until the picker has applied them", refresh)
+		} else {
+			newRefresh = max(time.Millisecond, time.Duration(float64(refresh)/o.TimeScale))
+			newStale = max(2*newRefresh, time.Duration(float64(stale)/o.TimeScale))
+			why = fmt.Sprintf("real clock: simulated time runs %g times faster than the wall clock", o.TimeScale)
+		}
+		set("pool.metrics.refreshInterval", newRefresh.String(), refresh.String(), why)
+		set("pool.metrics.stalenessThreshold", newStale.String(), stale.String(), why)
+		m.RefreshInterval, m.StalenessThreshold = config.Duration(newRefresh), config.Duration(newStale)
+	}
+	if o.CapacityBlocks > 0 {
+		was := "unset"
+		if v, ok := pluginParam(cfg, prefixScorer, capacityKey); ok {
+			was = v
+		}
+		found, err := cfg.SetParameter(prefixScorer, capacityKey, o.CapacityBlocks)
 		if err != nil {
 			return nil, err
 		}
-		if !userSet {
-			if _, err := cfg.SetParameter(prefixScorer, capacityKey, engineBlocks*85/100); err != nil {
-				return nil, err
-			}
+		if !found {
+			return nil, fmt.Errorf("the picker configuration has no %s to size", prefixScorer)
 		}
+		set("plugins."+prefixScorer+"."+capacityKey, fmt.Sprint(o.CapacityBlocks), was,
+			"mis-sized capacity scenario: the engines report their true num_gpu_blocks")
 	}
-	return cfg, cfg.Validate()
+	return st, cfg.Validate()
 }
 
 const (
@@ -64,30 +146,21 @@ const (
 	capacityKey  = "lruCapacityPerEndpoint"
 )
 
-// setsCapacity reports whether the config file gives the prefix scorer a capacity of its own.
-func setsCapacity(file string) (bool, error) {
-	if file == "" {
-		return false, nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return false, err
-	}
-	var doc struct {
-		Plugins []struct {
-			Name       string         `json:"name"`
-			Parameters map[string]any `json:"parameters"`
-		} `json:"plugins"`
-	}
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return false, fmt.Errorf("%s: %w", file, err)
-	}
-	for _, p := range doc.Plugins {
-		if _, ok := p.Parameters[capacityKey]; ok && p.Name == prefixScorer {
-			return true, nil
+// pluginParam returns a plugin parameter as JSON text.
+func pluginParam(cfg *config.Config, plugin, key string) (string, bool) {
+	for _, p := range cfg.Plugins {
+		if p.Name != plugin || len(p.Parameters) == 0 {
+			continue
+		}
+		var params map[string]json.RawMessage
+		if json.Unmarshal(p.Parameters, &params) != nil {
+			return "", false
+		}
+		if v, ok := params[key]; ok {
+			return string(v), true
 		}
 	}
-	return false, nil
+	return "", false
 }
 
 // Picker is a connection to a running picker, started by StartPicker or found at an address by
@@ -99,6 +172,9 @@ type Picker struct {
 
 	conn *grpc.ClientConn
 	proc *pickerproc.Process // nil for DialPicker's
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // StartPicker runs the picker binary on free loopback ports with cfg and waits until its
@@ -147,13 +223,15 @@ func (p *Picker) dial(useTLS bool) error {
 // Stop closes the connection and, for a picker StartPicker started, stops it with SIGTERM (it
 // drains its streams, all closed by then) and waits for it to exit; a failed exit is an error.
 func (p *Picker) Stop() error {
-	if p.conn != nil {
-		p.conn.Close()
-	}
-	if p.proc == nil {
-		return nil
-	}
-	return p.proc.Stop()
+	p.stopOnce.Do(func() {
+		if p.conn != nil {
+			p.conn.Close()
+		}
+		if p.proc != nil {
+			p.stopErr = p.proc.Stop()
+		}
+	})
+	return p.stopErr
 }
 
 // Logs returns the last lines the picker logged ("" for a picker DialPicker found).

@@ -21,6 +21,10 @@ type Request struct {
 	Prompt    []uint32
 	MaxTokens int
 	CacheSalt string
+	// Stream is the body's "stream"; IncludeUsage its stream_options.include_usage: whether the
+	// server answers with SSE events (headers at once) or one JSON body at the end, and whether
+	// a stream ends with a usage chunk.
+	Stream, IncludeUsage bool
 
 	// At is when the request arrives, from the start of the run (simulated time), unless After
 	// is set.
@@ -63,9 +67,35 @@ type Spec struct {
 	Rate float64
 	// ErrorRate is the fraction of requests that fail with 500 before any output.
 	ErrorRate float64
+	// Streaming is the mix of streamed and non-streamed requests; nil means DefaultStreaming.
+	Streaming *StreamMix
 	// Engine is the engines' configuration; its Seed decides the answers the next turns carry.
 	// Zero means EngineConfig().
 	Engine engine.Config
+}
+
+// StreamMix is how a generated workload's clients ask for their answers.
+type StreamMix struct {
+	// Fraction of requests with "stream": true; the rest get one JSON body at the end.
+	Fraction float64 `json:"streamFraction"`
+	// UsageFraction of the streamed requests that set stream_options.include_usage (the others'
+	// streams carry no usage report).
+	UsageFraction float64 `json:"includeUsageFraction"`
+}
+
+// DefaultStreaming resembles interactive chat traffic behind a gateway: chat front ends and
+// SDK chat loops stream (time to first token is what users see), batch jobs, evaluation
+// harnesses and many tool-calling agents do not, hence 80% streamed. Of the streams, half ask
+// for the usage chunk: the OpenAI SDKs only send stream_options when the caller sets it, which
+// front ends that display token counts do and plain chat loops do not. So 60% of responses
+// carry a usage report (every non-streamed one and half the streams).
+var DefaultStreaming = StreamMix{Fraction: 0.8, UsageFraction: 0.5}
+
+func (m StreamMix) validate() error {
+	if !(m.Fraction >= 0 && m.Fraction <= 1) || !(m.UsageFraction >= 0 && m.UsageFraction <= 1) {
+		return fmt.Errorf("stream fractions %v, %v: want 0..1", m.Fraction, m.UsageFraction)
+	}
+	return nil
 }
 
 type workloadDef struct {
@@ -145,6 +175,13 @@ func Generate(name string, spec Spec) (*Workload, error) {
 	if spec.ErrorRate < 0 || spec.ErrorRate > 1 {
 		return nil, fmt.Errorf("error rate %v outside [0, 1]", spec.ErrorRate)
 	}
+	mix := DefaultStreaming
+	if spec.Streaming != nil {
+		mix = *spec.Streaming
+	}
+	if err := mix.validate(); err != nil {
+		return nil, err
+	}
 	ans, err := newAnswerer(spec.Engine)
 	if err != nil {
 		return nil, err
@@ -153,9 +190,13 @@ func Generate(name string, spec Spec) (*Workload, error) {
 		spec: spec,
 		rng:  newRand(spec.Seed, name),
 		errs: newRand(spec.Seed, name+"/errors"),
-		ans:  ans,
+		// Its own stream: changing the mix changes no prompt, arrival or failure.
+		streams: newRand(spec.Seed, name+"/stream"),
+		mix:     mix,
+		ans:     ans,
 		w: &Workload{Name: name, About: def.about, Rate: spec.Rate, Params: map[string]any{
 			"requests": spec.Requests, "rate": spec.Rate, "seed": spec.Seed,
+			"streamFraction": mix.Fraction, "includeUsageFraction": mix.UsageFraction,
 		}},
 	}
 	if err := def.gen(g); err != nil {
@@ -165,11 +206,13 @@ func Generate(name string, spec Spec) (*Workload, error) {
 }
 
 type gen struct {
-	spec Spec
-	rng  *rand.Rand
-	errs *rand.Rand
-	ans  *answerer
-	w    *Workload
+	spec    Spec
+	rng     *rand.Rand
+	errs    *rand.Rand
+	streams *rand.Rand
+	mix     StreamMix
+	ans     *answerer
+	w       *Workload
 }
 
 // chat bodies, marshalled in a fixed field order.
@@ -197,14 +240,24 @@ type chatBody struct {
 	Tools         []json.RawMessage `json:"tools,omitempty"`
 	MaxTokens     int               `json:"max_tokens"`
 	Stream        bool              `json:"stream"`
-	StreamOptions map[string]bool   `json:"stream_options"`
+	StreamOptions *streamOptions    `json:"stream_options,omitempty"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 // add appends a chat request built from messages; it returns the request's index.
 func (g *gen) add(msgs []chatMessage, tools []json.RawMessage, maxTokens int, at time.Duration, after int,
 	think time.Duration, group int) (int, error) {
-	body, err := json.Marshal(chatBody{Model: g.spec.Engine.Model, Messages: msgs, Tools: tools, MaxTokens: maxTokens,
-		Stream: true, StreamOptions: map[string]bool{"include_usage": true}})
+	// Two draws per request whatever the mix, so the choices depend only on the seed.
+	stream := g.streams.Float64() < g.mix.Fraction
+	usage := g.streams.Float64() < g.mix.UsageFraction
+	b := chatBody{Model: g.spec.Engine.Model, Messages: msgs, Tools: tools, MaxTokens: maxTokens, Stream: stream}
+	if stream && usage {
+		b.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
+	body, err := json.Marshal(b)
 	if err != nil {
 		return 0, err
 	}
@@ -222,6 +275,7 @@ func (g *gen) addRequest(r Request) error {
 	}
 	r.ID = len(g.w.Requests)
 	r.Prompt, r.MaxTokens, r.CacheSalt = api.Prompt, api.MaxTokens, api.CacheSalt
+	r.Stream, r.IncludeUsage = api.Stream, api.Stream && api.IncludeUsage
 	// Draw for every request, so the failing set depends only on the seed and the rate.
 	r.Fail = g.errs.Float64() < g.spec.ErrorRate
 	g.w.Requests = append(g.w.Requests, r)

@@ -296,3 +296,51 @@ func TestErrorRateMarksTheSameRequests(t *testing.T) {
 		t.Fatalf("%d of 80 requests fail at rate 0.25", fails)
 	}
 }
+
+// TestStreamMixIsDrawnPerRequestFromTheSeed: the share of streamed requests and of streams with
+// usage follow the mix; the bodies say so (the picker reads them); the mix changes nothing else.
+func TestStreamMixIsDrawnPerRequestFromTheSeed(t *testing.T) {
+	half := StreamMix{Fraction: 0.5, UsageFraction: 0.5}
+	all := StreamMix{Fraction: 1, UsageFraction: 1}
+	a := generate(t, "shared-prefix", Spec{Seed: 3, Engines: 4, Requests: 400, Streaming: &half})
+	b := generate(t, "shared-prefix", Spec{Seed: 3, Engines: 4, Requests: 400, Streaming: &half})
+	c := generate(t, "shared-prefix", Spec{Seed: 3, Engines: 4, Requests: 400, Streaming: &all})
+	streamed, usage := 0, 0
+	for i, r := range a.Requests {
+		var body struct {
+			Stream        *bool `json:"stream"`
+			StreamOptions *struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		if err := json.Unmarshal(r.Body, &body); err != nil || body.Stream == nil {
+			t.Fatalf("request %d: %v %s", i, err, r.Body[:80])
+		}
+		if *body.Stream != r.Stream || (body.StreamOptions != nil && body.StreamOptions.IncludeUsage) != r.IncludeUsage {
+			t.Fatalf("request %d: body says stream %v, request %v/%v", i, *body.Stream, r.Stream, r.IncludeUsage)
+		}
+		if r.IncludeUsage && !r.Stream {
+			t.Fatalf("request %d: usage option without a stream", i)
+		}
+		if r.Stream {
+			streamed++
+		}
+		if r.IncludeUsage {
+			usage++
+		}
+		if r.Stream != b.Requests[i].Stream || r.IncludeUsage != b.Requests[i].IncludeUsage {
+			t.Fatalf("request %d: the same seed drew another mix", i)
+		}
+		x := c.Requests[i]
+		if !slices.Equal(r.Prompt, x.Prompt) || r.At != x.At || r.MaxTokens != x.MaxTokens || !x.Stream || !x.IncludeUsage {
+			t.Fatalf("request %d: the mix changed more than the stream flags", i)
+		}
+	}
+	// 400 draws at 0.5: 200 ± 3σ (σ = 10); streams with usage 100 ± 3σ (σ ≈ 8.7).
+	if streamed < 170 || streamed > 230 || usage < 74 || usage > 126 {
+		t.Fatalf("%d streamed, %d with usage, of 400 at half and half", streamed, usage)
+	}
+	if _, err := Generate("hot-prefix", Spec{Seed: 1, Requests: 10, Streaming: &StreamMix{Fraction: 1.5}}); err == nil {
+		t.Fatal("a stream fraction of 1.5 was accepted")
+	}
+}

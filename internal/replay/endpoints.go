@@ -1,0 +1,326 @@
+package replay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
+)
+
+// The simulated engines face the picker as model servers do: each has an address of its own on
+// the loopback network (every 127/8 address is local on Linux) with an HTTP server answering
+// GET /metrics (vLLM's Prometheus page) and GET /health, and the picker routes to those
+// addresses. The OpenAI API itself is not served over HTTP: the driver hands each request to
+// its engine in process and plays the response to the picker over ext_proc, as the proxy would.
+
+// EndpointBase places the engines' addresses: engine i listens on 127.A.(B+i/250).(i%250+1)
+// at Port. Fixed addresses (rather than ephemeral ports) keep a virtual run reproducible: the
+// picker breaks ties by hashing endpoint addresses.
+type EndpointBase struct {
+	A, B byte
+	Port int
+}
+
+// DefaultEndpointBase is 127.77.0.1:8000, 127.77.0.2:8000, ...
+var DefaultEndpointBase = EndpointBase{A: 77, B: 0, Port: 8000}
+
+// Addr returns engine i's host:port.
+func (b EndpointBase) Addr(i int) string {
+	return net.JoinHostPort(fmt.Sprintf("127.%d.%d.%d", b.A, int(b.B)+i/250, i%250+1), strconv.Itoa(b.Port))
+}
+
+// List returns the addresses of n engines.
+func (b EndpointBase) List(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = b.Addr(i)
+	}
+	return out
+}
+
+// portTries is how many ports ListenEndpoints tries, from the base's up, when another process
+// (another replay on the same machine) holds the addresses.
+const portTries = 64
+
+// Endpoints are the HTTP faces of a run's engines.
+type Endpoints struct {
+	base EndpointBase
+	eps  []*endpoint
+	srvs []*http.Server
+	wg   sync.WaitGroup
+}
+
+// ListenEndpoints binds n engine addresses from base. Unless fixedPort, a port in use moves every
+// engine to the next port (all engines share one port, so a run alone on the machine always gets
+// the same addresses).
+func ListenEndpoints(n int, base EndpointBase, fixedPort bool) (*Endpoints, error) {
+	if n < 1 {
+		return nil, errors.New("at least one endpoint")
+	}
+	tries := portTries
+	if fixedPort {
+		tries = 1
+	}
+	var lastErr error
+	for k := range tries {
+		b := base
+		b.Port += k
+		lns, err := listenAll(b, n)
+		if err == nil {
+			return serve(b, lns), nil
+		}
+		lastErr = err
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("simulated engines' addresses: %w", lastErr)
+}
+
+func listenAll(b EndpointBase, n int) ([]net.Listener, error) {
+	lns := make([]net.Listener, 0, n)
+	for i := range n {
+		ln, err := net.Listen("tcp", b.Addr(i))
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, err
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+func serve(b EndpointBase, lns []net.Listener) *Endpoints {
+	s := &Endpoints{base: b}
+	for _, ln := range lns {
+		ep := &endpoint{}
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /metrics", ep.metrics)
+		mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.eps = append(s.eps, ep)
+		s.srvs = append(s.srvs, srv)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_ = srv.Serve(ln)
+		}()
+	}
+	return s
+}
+
+// Addrs returns the engines' addresses, in engine order.
+func (s *Endpoints) Addrs() []string { return s.base.List(len(s.eps)) }
+
+// Len is the number of engines.
+func (s *Endpoints) Len() int { return len(s.eps) }
+
+// Close stops the servers.
+func (s *Endpoints) Close() error {
+	s.detach()
+	var errs []error
+	for _, srv := range s.srvs {
+		errs = append(errs, srv.Close())
+	}
+	s.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Fetches returns how many times /metrics of engine i was fetched.
+func (s *Endpoints) Fetches(i int) uint64 {
+	ep := s.eps[i]
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return ep.total
+}
+
+// serveLive makes every endpoint render its engine's state at each GET (real clock), with
+// the servers' metric names (flavor).
+func (s *Endpoints) serveLive(engs []*engine.Engine, flavor servermetrics.Flavor) {
+	for i, ep := range s.eps {
+		ep.mu.Lock()
+		ep.reset()
+		ep.eng, ep.flavor = engs[i], flavor
+		ep.mu.Unlock()
+	}
+}
+
+// serveSnapshots makes the endpoints serve what publish gives them (virtual clock).
+func (s *Endpoints) serveSnapshots() {
+	for _, ep := range s.eps {
+		ep.mu.Lock()
+		ep.reset()
+		ep.mu.Unlock()
+	}
+}
+
+// detach leaves every endpoint answering 503 until the next run.
+func (s *Endpoints) detach() { s.serveSnapshots() }
+
+// publish makes page the snapshot endpoint i serves. When it differs from the one served so
+// far, it returns a channel closed once the picker has applied it: the page was fetched, then
+// the endpoint was fetched once more (the picker scrapes each endpoint sequentially, so the
+// second request means it is done with the first answer). That second request is parked until
+// the next page is published, then answered 503, which the picker counts as a failed scrape
+// and publishes nothing from: the picker marks which of its picks a page reflects by the time
+// it sent the request, so a page of the last tick served again later in simulated time would
+// pass for newer than it is.
+func (s *Endpoints) publish(i int, page []byte) <-chan struct{} {
+	ep := s.eps[i]
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.snap != nil && bytes.Equal(ep.snap, page) {
+		return nil
+	}
+	ep.snap, ep.fetches = page, 0
+	ep.release()
+	ep.waiter = make(chan struct{})
+	return ep.waiter
+}
+
+// endpoint is one engine's HTTP face.
+type endpoint struct {
+	mu      sync.Mutex
+	eng     *engine.Engine // live mode
+	flavor  servermetrics.Flavor
+	snap    []byte        // snapshot mode: the page served
+	fetches int           // GETs that came for the current snapshot
+	waiter  chan struct{} // closed at the second fetch of the current snapshot
+	next    chan struct{} // closed when the snapshot changes: parked GETs answer 503
+	total   uint64
+}
+
+// reset forgets the engine and the snapshot, releasing parked requests. Called with mu held.
+func (ep *endpoint) reset() {
+	ep.eng, ep.snap, ep.waiter, ep.fetches = nil, nil, nil, 0
+	ep.release()
+}
+
+func (ep *endpoint) release() {
+	if ep.next != nil {
+		close(ep.next)
+	}
+	ep.next = make(chan struct{})
+}
+
+func (ep *endpoint) metrics(w http.ResponseWriter, r *http.Request) {
+	ep.mu.Lock()
+	ep.total++
+	eng, flavor, page := ep.eng, ep.flavor, ep.snap
+	var park chan struct{}
+	if page != nil {
+		ep.fetches++
+		if ep.fetches >= 2 {
+			if ep.waiter != nil {
+				close(ep.waiter)
+				ep.waiter = nil
+			}
+			park = ep.next
+		}
+	}
+	ep.mu.Unlock()
+	if park != nil {
+		select {
+		case <-park:
+		case <-r.Context().Done():
+			return
+		}
+		http.Error(w, "no newer metrics: the simulation has not reached the next metrics tick", http.StatusServiceUnavailable)
+		return
+	}
+	if eng != nil {
+		var b bytes.Buffer
+		_ = servermetrics.Write(&b, eng, servermetrics.Options{Flavor: flavor, Started: Epoch})
+		page = b.Bytes()
+	}
+	if page == nil {
+		http.Error(w, "no engine behind this address between runs", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(page)))
+	_, _ = w.Write(page)
+}
+
+// scrapeSync is the virtual clock's handshake with the picker's scraper: at every metrics tick
+// the driver publishes each engine's page and, before simulated time moves on, waits until the
+// picker has applied every page that changed. Between two ticks the picker therefore routes on
+// exactly the state of the last tick, whatever the wall time the ext_proc exchanges took.
+type scrapeSync struct {
+	eps *Endpoints
+	// first bounds the wait at the first tick: a picker that never fetches does not scrape
+	// (an older build, or scraping switched off), and the run goes on without waiting.
+	first, each time.Duration
+
+	ticks, waited int
+	wall          time.Duration
+	timeouts      int
+	off           bool
+	started       bool
+	note          string
+}
+
+// tick publishes pages (one per engine; nil: unchanged since the last tick) and waits as
+// described on scrapeSync.
+func (ss *scrapeSync) tick(ctx context.Context, pages [][]byte) error {
+	ss.ticks++
+	var waits []<-chan struct{}
+	for i, p := range pages {
+		if p == nil {
+			continue
+		}
+		if ch := ss.eps.publish(i, p); ch != nil {
+			waits = append(waits, ch)
+		}
+	}
+	if ss.off || len(waits) == 0 {
+		return nil
+	}
+	limit := ss.each
+	if !ss.started {
+		limit = ss.first
+	}
+	t0 := time.Now()
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for _, ch := range waits {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			if !ss.started && ss.totalFetches() == 0 {
+				ss.off = true
+				ss.note = fmt.Sprintf("the picker never fetched /metrics within %v: it does not scrape the model servers; "+
+					"the run went on without waiting for scrapes", limit)
+				return nil
+			}
+			ss.timeouts++
+			ss.wall += time.Since(t0)
+			return nil
+		}
+	}
+	ss.started = true
+	ss.waited++
+	ss.wall += time.Since(t0)
+	return nil
+}
+
+func (ss *scrapeSync) totalFetches() uint64 {
+	var n uint64
+	for i := range ss.eps.Len() {
+		n += ss.eps.Fetches(i)
+	}
+	return n
+}
