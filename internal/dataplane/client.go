@@ -24,7 +24,7 @@ type Mode struct {
 	OmitProtocolConfig bool
 }
 
-// FullDuplex is the reference wiring of protocol.md: every header and trailer mode SEND, both
+// FullDuplex is the reference wiring of docs/protocol.md: every header and trailer mode SEND, both
 // bodies FULL_DUPLEX_STREAMED.
 func FullDuplex() Mode {
 	return Mode{
@@ -47,7 +47,7 @@ func (m Mode) validate() error {
 			filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 			if !d.trailers {
-				// Envoy rejects this configuration (protocol.md:34).
+				// Envoy rejects this configuration (docs/protocol.md:34).
 				return usageError(d.name + " trailer mode must be SEND with FULL_DUPLEX_STREAMED")
 			}
 		default:

@@ -17,6 +17,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
 var chatBody = []byte(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`)
@@ -103,7 +105,7 @@ func TestCorrectRoutersInEveryMode(t *testing.T) {
 			if routed.Destination != r.dest {
 				t.Errorf("Destination = %q, want %q", routed.Destination, r.dest)
 			}
-			if got := routed.Metadata.GetFields()[LBNamespace].GetStructValue().GetFields()[DestinationHeader].GetStringValue(); got != r.dest {
+			if got := routed.Metadata.GetFields()[gateway.LBNamespace].GetStructValue().GetFields()[gateway.DestinationHeader].GetStringValue(); got != r.dest {
 				t.Errorf("metadata destination = %q", got)
 			}
 			if !routed.ClearRouteCache {
@@ -181,7 +183,7 @@ func TestFaultyServers(t *testing.T) {
 	get := &HTTPRequest{Method: "GET", Path: "/", Authority: "gw"}
 	sse := &HTTPResponse{Status: 200, Chunks: [][]byte{[]byte("data: 1\n\n"), []byte("data: [DONE]\n\n")}}
 	clientDest := postReq(chatBody)
-	clientDest.Headers = append(clientDest.Headers, Header{DestinationHeader, "1.1.1.1:1"})
+	clientDest.Headers = append(clientDest.Headers, Header{gateway.DestinationHeader, "1.1.1.1:1"})
 	cases := []struct {
 		fault string
 		mode  Mode
@@ -218,7 +220,13 @@ func TestFaultyServers(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.fault+"/"+tc.mode.RequestBody.String(), func(t *testing.T) {
 			r := newRouter(tc.fault)
-			c := newEnv(t, r, WithMessageTimeout(300*time.Millisecond))
+			var opts []Option
+			switch tc.rule {
+			case RuleHeadersDeadlock, RuleStreamEnd, RuleMessageTimeout:
+				// The server never answers: only a timeout can tell.
+				opts = append(opts, WithMessageTimeout(300*time.Millisecond))
+			}
+			c := newEnv(t, r, opts...)
 			err := firstErr(c, tc.mode, tc.req, tc.resp)
 			if !IsRule(err, tc.rule) {
 				t.Fatalf("got %v, want a ProtocolError for rule %s", err, tc.rule)
@@ -368,7 +376,7 @@ func TestSubsetHintShapes(t *testing.T) {
 			t.Fatal(err)
 		}
 		msgs := r.rec.stream(0)
-		v := msgs[0].GetMetadataContext().GetFilterMetadata()[SubsetHintNamespace].GetFields()[SubsetHintKey]
+		v := msgs[0].GetMetadataContext().GetFilterMetadata()[gateway.SubsetNamespace].GetFields()[gateway.SubsetKey]
 		if asString {
 			if v.GetStringValue() != "10.0.0.1:8000,10.0.0.2:8000" {
 				t.Errorf("string hint = %v", v)
@@ -383,7 +391,7 @@ func TestSubsetHintShapes(t *testing.T) {
 		var served string
 		for _, m := range msgs {
 			if m.GetResponseHeaders() != nil {
-				served = m.GetMetadataContext().GetFilterMetadata()[LBNamespace].GetFields()[ServedEndpointKey].GetStringValue()
+				served = m.GetMetadataContext().GetFilterMetadata()[gateway.LBNamespace].GetFields()[gateway.ServedKey].GetStringValue()
 			}
 		}
 		if served != "10.0.0.1:8000" {

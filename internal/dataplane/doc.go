@@ -1,14 +1,21 @@
 // Package dataplane is an ext_proc client that behaves as Envoy's ext_proc filter documents: the
 // stand-in data plane for the picker's tests, the development HTTP gateway and the replay
 // benchmark (there is no Envoy binary here). It is also a protocol checker: every rule of
-// shared/docs/protocol.md that a server breaks surfaces as a *ProtocolError naming the Rule, so
+// docs/protocol.md that a server breaks surfaces as a *ProtocolError naming the Rule, so
 // tests fail loudly.
 //
 // Use: c := New(conn); x, _ := c.Open(ctx, FullDuplex()); routed, err := x.Request(req); then the
 // response side (ResponseHeaders, ResponseBody + NextResponseBody, ResponseTrailers, or the
 // all-in-one Response); then x.Close(). Client.Do does all of it for one request.
 //
-// # What the proxy does (protocol.md line)
+// For load there is a fast path on the same messages: Prepare encodes a request once (the
+// messages an Exchange would send, byte for byte), PrepareResponseHeaders and
+// PrepareResponseChunk the response side, and a Duplex (Client.OpenDuplex) sends them on a
+// FULL_DUPLEX_STREAMED stream and reads each answer into a summary without copying re-emitted
+// bodies, checking the rules a summary can see (see Duplex). DialOptions are the connection
+// options to carry load. cmd/loadgen drives the picker with it.
+//
+// # What the proxy does (docs/protocol.md line)
 //
 //   - One gRPC stream per HTTP request (10-12). protocol_config (both body modes and
 //     send_body_without_waiting_for_header_response) rides on the first ProcessingRequest only,
@@ -40,7 +47,7 @@
 //     served endpoint as envoy.lb / x-gateway-destination-endpoint-served on response messages
 //     (68-69).
 //
-// # The rules enforced (Rule, protocol.md line)
+// # The rules enforced (Rule, docs/protocol.md line)
 //
 //   - RuleHeaderValueOnly (19-21): a HeaderValue with only value set (Envoy would set "").
 //   - RuleHeaderBothValues (21-22): a HeaderValue with both value and raw_value (Envoy fails 500).

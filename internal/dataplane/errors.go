@@ -9,7 +9,7 @@ import (
 )
 
 // Rule names one rule of the ext_proc protocol that a server broke. Each rule carries the line of
-// shared/docs/protocol.md it comes from (see the package documentation and Rule.Source).
+// docs/protocol.md it comes from (see the package documentation and Rule.Source).
 type Rule string
 
 // The rules this client enforces. The package documentation lists them with their sources.
@@ -37,29 +37,29 @@ const (
 )
 
 var ruleSources = map[Rule]string{
-	RuleOneAnswer:             "protocol.md:50-51",
-	RuleAnswerKind:            "protocol.md:10-12,50-51",
-	RuleOrder:                 "protocol.md:28-29,44-47",
-	RuleDuplexStreamed:        "protocol.md:30-31",
-	RuleDuplexEmptyBodyAnswer: "protocol.md:36-37",
-	RuleDuplexChunkSize:       "protocol.md:32",
-	RuleDuplexEndOfStream:     "protocol.md:33,35-36",
-	RuleModeOverride:          "protocol.md:37-38",
-	RuleContentLength:         "protocol.md:33-34,43",
-	RuleHeadersDeadlock:       "protocol.md:39-41,44-46",
-	RuleStreamedOutsideDuplex: "protocol.md:30-31,39-43",
-	RuleHeaderValueOnly:       "protocol.md:19-21",
-	RuleHeaderBothValues:      "protocol.md:21-22",
-	RuleHeaderInvalid:         "protocol.md:19-22 (Envoy mutation_utils)",
-	RuleTransferEncoding:      "protocol.md:75",
-	RuleDestination:           "protocol.md:58-62",
-	RuleMessageTimeout:        "protocol.md:37,50-51 (Envoy message_timeout)",
-	RuleAfterImmediate:        "protocol.md:50-51",
-	RuleStreamEnd:             "protocol.md:23-24,54",
-	RuleUnsupported:           "protocol.md:38",
+	RuleOneAnswer:             "docs/protocol.md:50-51",
+	RuleAnswerKind:            "docs/protocol.md:10-12,50-51",
+	RuleOrder:                 "docs/protocol.md:28-29,44-47",
+	RuleDuplexStreamed:        "docs/protocol.md:30-31",
+	RuleDuplexEmptyBodyAnswer: "docs/protocol.md:36-37",
+	RuleDuplexChunkSize:       "docs/protocol.md:32",
+	RuleDuplexEndOfStream:     "docs/protocol.md:33,35-36",
+	RuleModeOverride:          "docs/protocol.md:37-38",
+	RuleContentLength:         "docs/protocol.md:33-34,43",
+	RuleHeadersDeadlock:       "docs/protocol.md:39-41,44-46",
+	RuleStreamedOutsideDuplex: "docs/protocol.md:30-31,39-43",
+	RuleHeaderValueOnly:       "docs/protocol.md:19-21",
+	RuleHeaderBothValues:      "docs/protocol.md:21-22",
+	RuleHeaderInvalid:         "docs/protocol.md:19-22 (Envoy mutation_utils)",
+	RuleTransferEncoding:      "docs/protocol.md:75",
+	RuleDestination:           "docs/protocol.md:58-62",
+	RuleMessageTimeout:        "docs/protocol.md:37,50-51 (Envoy message_timeout)",
+	RuleAfterImmediate:        "docs/protocol.md:50-51",
+	RuleStreamEnd:             "docs/protocol.md:23-24,54",
+	RuleUnsupported:           "docs/protocol.md:38",
 }
 
-// Source returns where in shared/docs/protocol.md the rule comes from.
+// Source returns where in docs/protocol.md the rule comes from.
 func (r Rule) Source() string { return ruleSources[r] }
 
 // ProtocolError reports a server that broke a rule of the protocol. Every deviation this client
@@ -88,7 +88,7 @@ func IsRule(err error, rule Rule) bool {
 
 // StreamError reports that the server ended the stream with a non-OK gRPC status before the
 // proxy was done. A proxy without failure_mode_allow fails the request with HTTPStatus (500, or
-// 504 on a deadline) (protocol.md:23-24).
+// 504 on a deadline) (docs/protocol.md:23-24).
 type StreamError struct {
 	Status     *status.Status
 	HTTPStatus int

@@ -14,15 +14,19 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
-// Names of the metadata the proxy sends and reads (protocol.md:58-69).
+// DestinationHeader and LBNamespace are pkg/gateway's, under the names some tests still use.
 const (
-	DestinationHeader     = "x-gateway-destination-endpoint"
-	LBNamespace           = "envoy.lb"
-	SubsetHintNamespace   = "envoy.lb.subset_hint"
-	SubsetHintKey         = "x-gateway-destination-endpoint-subset"
-	ServedEndpointKey     = "x-gateway-destination-endpoint-served"
+	DestinationHeader = gateway.DestinationHeader
+	LBNamespace       = gateway.LBNamespace
+)
+
+const (
+	// MaxDuplexChunk is the largest streamed chunk a FULL_DUPLEX_STREAMED answer may carry
+	// (docs/protocol.md:32).
 	MaxDuplexChunk        = 62000
 	contentLength         = "content-length"
 	duplex                = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
@@ -331,7 +335,7 @@ func (x *Exchange) onEnd(err error) {
 	}
 }
 
-// onServerGone applies "continue without me" (protocol.md:23): what was not answered goes on
+// onServerGone applies "continue without me" (docs/protocol.md:23): what was not answered goes on
 // unmodified and no more messages are sent.
 func (x *Exchange) onServerGone() error {
 	x.serverGone = true
@@ -758,11 +762,10 @@ func (x *Exchange) emit(register func(), req *extprocv3.ProcessingRequest) error
 }
 
 func (x *Exchange) headersMsg(s *side, hs []Header, eos bool) *extprocv3.ProcessingRequest {
-	hh := &extprocv3.HttpHeaders{Headers: toHeaderMap(hs, x.useValue), EndOfStream: eos}
 	if s == &x.req {
-		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hh}, MetadataContext: x.reqMeta}
+		return headersMessage(true, hs, x.useValue, eos, x.reqMeta)
 	}
-	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hh}, MetadataContext: x.respMeta}
+	return headersMessage(false, hs, x.useValue, eos, x.respMeta)
 }
 
 func (x *Exchange) sendHeaders(s *side, hs []Header, eos bool) error {
@@ -780,12 +783,9 @@ func (x *Exchange) sendHeaders(s *side, hs []Header, eos bool) error {
 // sendBody sends one body message. The chunk is kept (awaiting its answer) so that it can go on
 // unmodified if the server leaves, or be replaced by the server's answer.
 func (x *Exchange) sendBody(s *side, data []byte, eos bool) error {
-	body := &extprocv3.HttpBody{Body: data, EndOfStream: eos}
-	req := &extprocv3.ProcessingRequest{}
-	if s == &x.req {
-		req.Request, req.MetadataContext = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}, x.reqMeta
-	} else {
-		req.Request, req.MetadataContext = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}, x.respMeta
+	req := bodyMessage(true, data, eos, x.reqMeta)
+	if s != &x.req {
+		req = bodyMessage(false, data, eos, x.respMeta)
 	}
 	err := x.emit(func() {
 		s.bodyMsgs++
@@ -909,20 +909,13 @@ func subsetHint(req *HTTPRequest) *structpb.Struct {
 		}
 		v = structpb.NewListValue(&structpb.ListValue{Values: vals})
 	}
-	return &structpb.Struct{Fields: map[string]*structpb.Value{SubsetHintKey: v}}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{gateway.SubsetKey: v}}
 }
 
 // Request sends the request through the server the way the proxy's mode dictates and returns
 // what the proxy would do with it. It returns a *ProtocolError for every rule the server breaks.
 func (x *Exchange) Request(req *HTTPRequest) (*Routed, error) {
-	scheme := req.Scheme
-	if scheme == "" {
-		scheme = "http"
-	}
-	hs := make([]Header, 0, len(req.Headers)+4)
-	hs = append(hs, Header{":method", req.Method}, Header{":path", req.Path},
-		Header{":authority", req.Authority}, Header{":scheme", scheme})
-	hs = append(hs, req.Headers...)
+	hs := requestHeaders(req)
 	chunks := splitBody(req.Body, req.Chunks, x.c.chunkSize)
 	hasBody, hasTrailers := chunks != nil, req.Trailers != nil
 	s := &x.req
@@ -935,7 +928,7 @@ func (x *Exchange) Request(req *HTTPRequest) (*Routed, error) {
 	x.reqStarted = true
 	x.useValue = req.HeaderValueField
 	if hint := subsetHint(req); hint != nil {
-		x.reqMeta = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{SubsetHintNamespace: hint}}
+		x.reqMeta = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{gateway.SubsetNamespace: hint}}
 	}
 	x.respMeta = x.reqMeta
 	s.headers = cloneHeaders(hs)
@@ -972,7 +965,7 @@ func (x *Exchange) request(s *side, hs []Header, chunks [][]byte, hasBody, hasTr
 		return x.waitAnswered(s)
 	}
 	if s.body != streamed || !x.mode.SendBodyWithoutWaitingForHeaderResponse {
-		// The proxy waits for the headers answer before it sends any body (protocol.md:39-46).
+		// The proxy waits for the headers answer before it sends any body (docs/protocol.md:39-46).
 		err := x.wait(nil, func() bool { return x.finished() || s.headersAnswered }, always, func() error {
 			if hasBody && s.body != none {
 				return protoErr(RuleHeadersDeadlock, s.phase(kHeaders),
@@ -1090,7 +1083,7 @@ func checkContentLength(phase string, cls, origCL []string, n, origN int, server
 
 func (x *Exchange) checkRouted(r *Routed, hasBody bool) error {
 	const phase = "request"
-	// content-length (protocol.md:33-34, 43).
+	// content-length (docs/protocol.md:33-34, 43).
 	duplexAnswered := x.req.duplex && x.req.bodyAnswers > 0
 	cls := Values(r.Headers, contentLength)
 	if duplexAnswered && hasBody && len(cls) == 0 {
@@ -1100,23 +1093,23 @@ func (x *Exchange) checkRouted(r *Routed, hasBody bool) error {
 	if err := checkContentLength(phase, cls, x.origCL, len(r.Body), x.origBody, duplexAnswered); err != nil {
 		return err
 	}
-	// The destination, both ways and identical (protocol.md:58-62).
-	dests := Values(r.Headers, DestinationHeader)
+	// The destination, both ways and identical (docs/protocol.md:58-62).
+	dests := Values(r.Headers, gateway.DestinationHeader)
 	if len(dests) > 1 {
-		return protoErr(RuleDestination, phase, "%s has %d values %q (append instead of replace?)", DestinationHeader, len(dests), dests)
+		return protoErr(RuleDestination, phase, "%s has %d values %q (append instead of replace?)", gateway.DestinationHeader, len(dests), dests)
 	}
-	mdv, hasMD := r.Metadata.GetFields()[LBNamespace].GetStructValue().GetFields()[DestinationHeader]
+	mdv, hasMD := r.Metadata.GetFields()[gateway.LBNamespace].GetStructValue().GetFields()[gateway.DestinationHeader]
 	md := ""
 	if hasMD {
 		sv, ok := mdv.GetKind().(*structpb.Value_StringValue)
 		if !ok {
-			return protoErr(RuleDestination, phase, "dynamic metadata %s/%s is not a string: %v", LBNamespace, DestinationHeader, mdv)
+			return protoErr(RuleDestination, phase, "dynamic metadata %s/%s is not a string: %v", gateway.LBNamespace, gateway.DestinationHeader, mdv)
 		}
 		md = sv.StringValue
 	}
 	if len(dests) == 1 && hasMD && dests[0] != md {
 		return protoErr(RuleDestination, phase, "header %s=%q but dynamic metadata %s/%s=%q: they must be identical",
-			DestinationHeader, dests[0], LBNamespace, DestinationHeader, md)
+			gateway.DestinationHeader, dests[0], gateway.LBNamespace, gateway.DestinationHeader, md)
 	}
 	if len(dests) == 1 {
 		r.Destination = dests[0]
@@ -1166,13 +1159,7 @@ func (x *Exchange) ResponseHeaders(status int, headers []Header, servedEndpoint 
 	}
 	x.respStarted = true
 	if servedEndpoint != "" {
-		md := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{}}
-		for k, v := range x.reqMeta.GetFilterMetadata() {
-			md.FilterMetadata[k] = v
-		}
-		md.FilterMetadata[LBNamespace] = &structpb.Struct{Fields: map[string]*structpb.Value{
-			ServedEndpointKey: structpb.NewStringValue(servedEndpoint)}}
-		x.respMeta = md
+		x.respMeta = servedMetadata(x.reqMeta, servedEndpoint)
 	}
 	s.headers = cloneHeaders(hs)
 	if removesContentLength(s.body) || (s.body == buffered && !x.mode.ResponseHeaders) {

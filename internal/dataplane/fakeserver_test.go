@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -18,6 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
 // recorder keeps every ProcessingRequest the fake server received, per stream.
@@ -99,16 +102,16 @@ func hv(key, val string) *corev3.HeaderValueOption {
 
 func lbMetadata(dest string) *structpb.Struct {
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			DestinationHeader: structpb.NewStringValue(dest)}})}}
+		gateway.LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			gateway.DestinationHeader: structpb.NewStringValue(dest)}})}}
 }
 
 // routing is the picker's answer: destination header (+ content-length), clear_route_cache.
 func (r *router) routing(bodyLen int, withCL bool) *extprocv3.CommonResponse {
-	dst := hv(DestinationHeader, r.dest)
+	dst := hv(gateway.DestinationHeader, r.dest)
 	switch r.fault {
 	case fValueOnly:
-		dst.Header = &corev3.HeaderValue{Key: DestinationHeader, Value: r.dest}
+		dst.Header = &corev3.HeaderValue{Key: gateway.DestinationHeader, Value: r.dest}
 	case fBothValues:
 		dst.Header.Value = r.dest
 	case fAppendDestination:
@@ -443,5 +446,7 @@ func newEnv(t testing.TB, srv extprocv3.ExternalProcessorServer, opts ...Option)
 		_ = cc.Close()
 		gs.Stop()
 	})
-	return New(cc, opts...)
+	// A server that answers is never failed for being slow on a loaded machine: the message
+	// timeout is long unless a test that needs a timeout to see a stuck server sets one.
+	return New(cc, append([]Option{WithMessageTimeout(time.Minute)}, opts...)...)
 }

@@ -48,7 +48,7 @@ const (
 
 // ParseMode maps a --mode value to the proxy's processing_mode.
 //
-//   - full-duplex: the reference wiring of protocol.md (both bodies FULL_DUPLEX_STREAMED, every
+//   - full-duplex: the reference wiring of docs/protocol.md (both bodies FULL_DUPLEX_STREAMED, every
 //     header and trailer mode SEND). What inference gateways configure.
 //   - buffered: request body BUFFERED (the picker routes on the body answer); response body
 //     STREAMED so that SSE still flows chunk by chunk.
@@ -178,7 +178,7 @@ func DialPicker(addr string, useTLS bool) (*grpc.ClientConn, error) {
 
 // parseDestinations splits x-gateway-destination-endpoint: an ordered list, the pick first
 // and retry fallbacks after it. Invalid entries are skipped, as a data plane uses "the first
-// valid entry" (protocol.md).
+// valid entry" (docs/protocol.md).
 func parseDestinations(v string) []string {
 	var out []string
 	for _, s := range strings.Split(v, ",") {
