@@ -84,7 +84,13 @@ func testServer(t testing.TB, opt Options, eps ...string) (*Server, *pool.Pool) 
 // inserted before the picker.
 func testServerWith(t testing.TB, opt Options, specs []config.Plugin, extra []router.Plugin, eps ...string) (*Server, *pool.Pool) {
 	t.Helper()
-	built, err := plugins.Build(specs, plugins.Deps{})
+	return buildTestServer(t, opt, specs, extra, nil, eps...)
+}
+
+// buildTestServer is testServerWith whose plugins register their metrics with reg (nil: none).
+func buildTestServer(t testing.TB, opt Options, specs []config.Plugin, extra []router.Plugin, reg prometheus.Registerer, eps ...string) (*Server, *pool.Pool) {
+	t.Helper()
+	built, err := plugins.Build(specs, plugins.Deps{Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
