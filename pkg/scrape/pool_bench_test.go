@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,31 +25,41 @@ import (
 const serveEnv = "KVPICK_SCRAPE_BENCH_SERVE"
 
 func TestMain(m *testing.M) {
-	if n := os.Getenv(serveEnv); n != "" {
-		serveMetricPages(n)
+	if spec := os.Getenv(serveEnv); spec != "" {
+		serveMetricPages(spec)
 		return
 	}
 	os.Exit(m.Run())
 }
 
-// serveMetricPages listens on n loopback ports, prints their addresses, serves the vLLM pages of
-// loaded servers (loadedPages), and exits when stdin closes.
-func serveMetricPages(n string) {
+// serveMetricPages serves spec = "count:kind": count loopback ports, each serving the pages of
+// a loaded server, kind vllm (loadedPages, ~50 KB) or sglang (~4 KB, 64 pages of random
+// numbers). It prints the addresses and exits when stdin closes.
+func serveMetricPages(spec string) {
+	n, kind, _ := strings.Cut(spec, ":")
 	count, err := strconv.Atoi(n)
 	if err != nil {
 		panic(err)
 	}
-	var seed atomic.Uint64
-	pages := sync.Pool{New: func() any { return newLoadedPages(1, seed.Add(1)) }}
+	var mu sync.Mutex // guards lp and the SGLang pages' index
+	lp := newLoadedPages(1, 1)
+	var sglang [][]byte
+	for range 64 {
+		sglang = append(sglang, SGLangPage(lp.rnd.IntN(8), 16+lp.rnd.IntN(48), lp.rnd.Float64(), 500000))
+	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lp := pages.Get().(*loadedPages)
-		defer pages.Put(lp)
 		buf, _ := bufs.Get().(*[]byte)
 		if buf == nil {
 			buf = new([]byte)
 		}
 		defer bufs.Put(buf)
-		*buf = lp.next(*buf)
+		mu.Lock()
+		if kind == "sglang" {
+			*buf = append((*buf)[:0], sglang[lp.rnd.IntN(len(sglang))]...)
+		} else {
+			*buf = lp.next(*buf)
+		}
+		mu.Unlock()
 		p := *buf
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		w.Header().Set("Content-Length", strconv.Itoa(len(p)))
@@ -69,14 +78,21 @@ func serveMetricPages(n string) {
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until the parent closes stdin
 }
 
-// BenchmarkScrapePool256 scrapes 256 endpoints every 50 ms, each serving a ~50 KB vLLM page
-// of a loaded server (a new KV usage on every scrape, queue counts in small ranges), and reports the scraper's CPU as a share of
-// one core. One iteration is one 50 ms interval: run it with -benchtime=200x (10 s).
+// BenchmarkScrapePool256 scrapes 256 endpoints every 50 ms and reports the scraper's CPU as a
+// share of one core (%core) and per scrape. vllm: each endpoint serves the ~50 KB page of a
+// loaded vLLM server (a new KV usage on every scrape, queue counts in small ranges); sglang: a
+// ~4 KB SGLang page, which shows the cost that does not grow with the page. One iteration is
+// one 50 ms interval: run it with -benchtime=200x (10 s).
 func BenchmarkScrapePool256(b *testing.B) {
-	const endpoints = 256
+	for _, kind := range []string{"vllm", "sglang"} {
+		b.Run(kind, func(b *testing.B) { benchmarkScrapePool(b, 256, kind) })
+	}
+}
+
+func benchmarkScrapePool(b *testing.B, endpoints int, kind string) {
 	interval := 50 * time.Millisecond
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), serveEnv+"="+strconv.Itoa(endpoints))
+	cmd.Env = append(os.Environ(), serveEnv+"="+strconv.Itoa(endpoints)+":"+kind)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -134,7 +150,15 @@ func BenchmarkScrapePool256(b *testing.B) {
 	ok, all := scrapes()
 	ok, all = ok-ok0, all-all0
 	if all == 0 || ok < all*9/10 {
-		b.Fatalf("%d of %d scrapes ok", ok, all)
+		byResult := map[string]uint64{}
+		s.mu.Lock()
+		for _, l := range s.loops {
+			for r := range numResults {
+				byResult[r.String()] += l.counts[r].Load()
+			}
+		}
+		s.mu.Unlock()
+		b.Fatalf("%d of %d scrapes ok: %v", ok, all, byResult)
 	}
 	b.ReportMetric(float64(all-ok), "failed")
 	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "%core")

@@ -2,7 +2,9 @@ package scrape
 
 import (
 	"bytes"
+	"compress/gzip"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"testing"
 
@@ -128,6 +130,33 @@ func BenchmarkExpfmtWholePage(b *testing.B) {
 	for b.Loop() {
 		mfs, err := p.TextToMetricFamilies(bytes.NewReader(page))
 		if err != nil || mfs["vllm:num_requests_waiting"] == nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkGunzipPage is what accepting gzip would cost per page (the transport asks for
+// identity): inflating a vLLM page gzipped at the default level.
+func BenchmarkGunzipPage(b *testing.B) {
+	page := newLoadedPages(1, 1).next(nil)
+	var z bytes.Buffer
+	w := gzip.NewWriter(&z)
+	_, _ = w.Write(page)
+	_ = w.Close()
+	r, err := gzip.NewReader(bytes.NewReader(z.Bytes()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out bytes.Buffer
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	defer b.ReportMetric(float64(len(page))/float64(z.Len()), "ratio")
+	for b.Loop() {
+		if err := r.Reset(bytes.NewReader(z.Bytes())); err != nil {
+			b.Fatal(err)
+		}
+		out.Reset()
+		if _, err := io.Copy(&out, r); err != nil || out.Len() != len(page) {
 			b.Fatal(err)
 		}
 	}

@@ -59,7 +59,8 @@ type Scraper struct {
 	duration prometheus.Histogram
 
 	mu      sync.Mutex
-	ctx     context.Context // set by Run; nil before it and after it returns
+	ran     bool
+	ctx     context.Context // Run's, while it runs; nil before and once it stops
 	loops   map[*router.Endpoint]*loop
 	running sync.WaitGroup
 }
@@ -132,11 +133,11 @@ func (s *Scraper) Run(ctx context.Context) {
 		return
 	}
 	s.mu.Lock()
-	if s.ctx != nil {
+	if s.ran {
 		s.mu.Unlock()
 		panic("scrape: Run called twice")
 	}
-	s.ctx = ctx
+	s.ran, s.ctx = true, ctx
 	if s.pool != nil {
 		for _, ep := range s.pool.Snapshot() {
 			if _, ok := s.loops[ep]; !ok && !ep.Removed() {
@@ -150,10 +151,10 @@ func (s *Scraper) Run(ctx context.Context) {
 	s.mu.Unlock()
 
 	<-ctx.Done()
-	s.running.Wait()
 	s.mu.Lock()
-	s.ctx = nil
+	s.ctx = nil // no loop starts from here on, so the wait below is final
 	s.mu.Unlock()
+	s.running.Wait()
 	s.client.CloseIdleConnections()
 }
 
@@ -186,7 +187,7 @@ func (s *Scraper) EndpointsChanged(added, removed []*router.Endpoint) {
 }
 
 func (s *Scraper) startLocked(l *loop) {
-	if l.cancel != nil || s.ctx.Err() != nil {
+	if l.cancel != nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
@@ -262,6 +263,7 @@ func (s *Scraper) scrapeOnce(ctx context.Context, l *loop) {
 	}
 	l.counts[res].Add(1)
 
+	failed := l.failures
 	if res.publishes() {
 		m := rd.m
 		m.ScrapedAt = now
@@ -275,7 +277,7 @@ func (s *Scraper) scrapeOnce(ctx context.Context, l *loop) {
 	} else {
 		l.failures++
 	}
-	s.logState(l, res, rd, err, now)
+	s.logState(l, res, rd, err, failed, now)
 }
 
 // fetch GETs the endpoint's metrics page into a pooled buffer.
@@ -372,7 +374,9 @@ func putBuf(p *[]byte) {
 // changes, at most once per logEvery; changes in between are counted in the next line.
 const logEvery = 10 * time.Second
 
-func (s *Scraper) logState(l *loop, res result, rd reading, err error, now time.Time) {
+// logState logs l's result when it changed; failed is the count of scrapes before this one
+// that did not publish.
+func (s *Scraper) logState(l *loop, res result, rd reading, err error, failed int, now time.Time) {
 	if res.publishes() && rd.engine != "" && rd.engine != l.engine {
 		l.engine = rd.engine
 		s.log.Info("model server metrics detected", zap.String("endpoint", l.ep.Addr), zap.String("engine", rd.engine))
@@ -393,7 +397,7 @@ func (s *Scraper) logState(l *loop, res result, rd reading, err error, now time.
 		zap.Int("state_changes", l.changes)}
 	switch {
 	case res == resultOK:
-		s.log.Info("model server metrics scraped again", fields...)
+		s.log.Info("model server metrics scraped again", append(fields, zap.Int("failed_scrapes", failed))...)
 	case res.publishes():
 		s.log.Warn("model server metrics incomplete: the picker falls back to its own accounting for what is missing",
 			append(fields, zap.String("detail", rd.detail))...)
