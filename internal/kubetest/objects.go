@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -254,4 +255,126 @@ func SetPodLabels(ctx context.Context, client kubernetes.Interface, ns, name str
 func DeletePodNow(ctx context.Context, client kubernetes.Interface, ns, name string) error {
 	zero := int64(0)
 	return client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+}
+
+// Pool describes an InferencePool for a test.
+type Pool struct {
+	Group       string // inference.networking.k8s.io (v1, the default) or inference.networking.x-k8s.io (v1alpha2)
+	Namespace   string
+	Name        string
+	MatchLabels map[string]string
+	Ports       []int32 // v1alpha2 takes the first
+	Picker      string  // the endpoint picker Service's name ("epp" if empty)
+}
+
+// GVR returns the pool's resource.
+func (p Pool) GVR() schema.GroupVersionResource {
+	if p.Group == "inference.networking.x-k8s.io" {
+		return schema.GroupVersionResource{Group: p.Group, Version: "v1alpha2", Resource: "inferencepools"}
+	}
+	return schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
+}
+
+// Object returns the pool in its version's shape.
+func (p Pool) Object() *unstructured.Unstructured {
+	gvr := p.GVR()
+	picker := p.Picker
+	if picker == "" {
+		picker = "epp"
+	}
+	labels := map[string]any{}
+	for k, v := range p.MatchLabels {
+		labels[k] = v
+	}
+	spec := map[string]any{}
+	if gvr.Version == "v1alpha2" {
+		spec["selector"] = labels
+		if len(p.Ports) > 0 {
+			spec["targetPortNumber"] = int64(p.Ports[0])
+		}
+		spec["extensionRef"] = map[string]any{"name": picker}
+	} else {
+		ports := []any{}
+		for _, n := range p.Ports {
+			ports = append(ports, map[string]any{"number": int64(n)})
+		}
+		spec["selector"] = map[string]any{"matchLabels": labels}
+		spec["targetPorts"] = ports
+		spec["endpointPickerRef"] = map[string]any{"name": picker, "port": map[string]any{"number": int64(9002)}}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": gvr.GroupVersion().String(),
+		"kind":       "InferencePool",
+		"metadata":   map[string]any{"name": p.Name, "namespace": p.Namespace},
+		"spec":       spec,
+	}}
+}
+
+// ApplyPool creates the pool, or replaces its spec if it exists.
+func ApplyPool(ctx context.Context, dyn dynamic.Interface, p Pool) error {
+	res := dyn.Resource(p.GVR()).Namespace(p.Namespace)
+	obj := p.Object()
+	cur, err := res.Get(ctx, p.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = res.Create(ctx, obj, metav1.CreateOptions{})
+		return err
+	case err != nil:
+		return err
+	}
+	cur.Object["spec"] = obj.Object["spec"]
+	_, err = res.Update(ctx, cur, metav1.UpdateOptions{})
+	return err
+}
+
+// DeletePool deletes the pool.
+func DeletePool(ctx context.Context, dyn dynamic.Interface, p Pool) error {
+	return dyn.Resource(p.GVR()).Namespace(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
+}
+
+// Shared is one cluster for every test of a package: the first test that calls Get starts it
+// (or skips or fails, as Require says), and TestMain calls Stop after the tests:
+//
+//	var cluster kubetest.Shared
+//	func TestMain(m *testing.M) { code := m.Run(); cluster.Stop(); os.Exit(code) }
+type Shared struct {
+	mu  sync.Mutex
+	c   *Cluster
+	err error
+}
+
+// Get returns the shared cluster, starting it on first use.
+func (s *Shared) Get(t testing.TB) *Cluster {
+	t.Helper()
+	assets := Require(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.c == nil && s.err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
+		defer cancel()
+		s.c, s.err = Start(ctx, Options{AssetsDir: assets})
+	}
+	if s.err != nil {
+		t.Fatalf("starting the test cluster: %v", s.err)
+	}
+	return s.c
+}
+
+// Stop stops the shared cluster if it was started.
+func (s *Shared) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.c != nil {
+		_ = s.c.Stop()
+		s.c = nil
+	}
+}
+
+// InstallInferencePoolCRDs installs the repository's InferencePool CRDs (both versions).
+func (c *Cluster) InstallInferencePoolCRDs(ctx context.Context) error {
+	dir, err := InferencePoolCRDDir()
+	if err != nil {
+		return err
+	}
+	return c.InstallCRDDir(ctx, dir)
 }

@@ -3,6 +3,7 @@ package compatflags
 import (
 	"flag"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -140,5 +141,31 @@ func TestPickerFlagsAreNeverShadowed(t *testing.T) {
 	}
 	if *mine || slices.Contains(s.IgnoredSet(), "tracing") {
 		t.Fatal("the picker's own --tracing was shadowed by the compatibility flag")
+	}
+}
+
+// docs/deploy.md's table is what a user migrating from the reference chart reads: it must name
+// every flag this package accepts, ignores or refuses.
+func TestDeployGuideListsEveryFlag(t *testing.T) {
+	b, err := os.ReadFile("../../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	var names []string
+	for _, f := range Ignored {
+		names = append(names, "`--"+f.Name+"`")
+	}
+	for name := range Rejected {
+		names = append(names, "`--"+name+"`")
+	}
+	for alias := range Aliases {
+		names = append(names, "`-"+alias+"`")
+	}
+	names = append(names, "`--zap-encoder`", "`-v`", "`--zap-log-level`", "`--zap-devel`")
+	for _, n := range names {
+		if !strings.Contains(doc, n) {
+			t.Errorf("docs/deploy.md does not mention %s", n)
+		}
 	}
 }

@@ -1,0 +1,245 @@
+package kubeapi
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvpick/kvpick/internal/dataplane"
+	"github.com/kvpick/kvpick/internal/kubetest"
+	"github.com/kvpick/kvpick/internal/pickerproc"
+	"github.com/kvpick/kvpick/pkg/inferencepool"
+)
+
+const (
+	serving    = healthpb.HealthCheckResponse_SERVING
+	notServing = healthpb.HealthCheckResponse_NOT_SERVING
+)
+
+var (
+	vllm  = map[string]string{"app": "vllm"}
+	other = map[string]string{"app": "other"}
+)
+
+func waitReady(t *testing.T, p *picker, what string, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	eventually(t, what, func() string {
+		if got := p.ready(t); got != want {
+			return fmt.Sprintf("readiness %v, want %v", got, want)
+		}
+		return ""
+	})
+}
+
+func TestRoutingAndReadinessFollowThePool(t *testing.T) {
+	e := newEnv(t)
+	_, ports := serve(t, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}, 2)
+	p1, p2 := ports[0], ports[1]
+	pool := kubetest.Pool{Namespace: e.ns, Name: "llama", MatchLabels: vllm, Ports: []int32{p1}}
+
+	p := startPicker(t, e, pickerOpts{pool: "llama"})
+	eventually(t, "discovery syncs on the pool's absence", func() string {
+		if p.metric(t, "kvpick_pool_synced") != 1 {
+			return "kvpick_pool_synced is not 1"
+		}
+		return ""
+	})
+	if got := p.ready(t); got != notServing {
+		t.Fatalf("readiness with no pool = %v, want NOT_SERVING", got)
+	}
+	if got := p.route(t, "before the pool exists"); got != "503" {
+		t.Fatalf("request with no pool went to %q, want 503", got)
+	}
+
+	e.must(t, "pod a", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	waitReady(t, p, "the pool has a Ready pod", serving)
+	p.waitRoutes(t, "one Ready pod", 6, addr("127.0.0.2", p1))
+
+	steps := []struct {
+		name string
+		act  func() error
+		want []string // nil: readiness NOT_SERVING and 503
+	}{
+		{"a second pod turns Ready", func() error {
+			return kubetest.CreatePod(e.ctx, e.client, e.ns, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true})
+		}, []string{addr("127.0.0.2", p1), addr("127.0.0.3", p1)}},
+		{"a pod turns unready", func() error {
+			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.2"})
+		}, []string{addr("127.0.0.3", p1)}},
+		{"it comes back with another IP", func() error {
+			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.4", Ready: true})
+		}, []string{addr("127.0.0.3", p1), addr("127.0.0.4", p1)}},
+		{"a pod is deleted (terminating)", func() error {
+			return e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "b", metav1.DeleteOptions{})
+		}, []string{addr("127.0.0.4", p1)}},
+		{"the target port changes", func() error {
+			pool.Ports = []int32{p2}
+			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+		}, []string{addr("127.0.0.4", p2)}},
+		{"a second target port", func() error {
+			pool.Ports = []int32{p1, p2}
+			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+		}, []string{addr("127.0.0.4", p1), addr("127.0.0.4", p2)}},
+		{"the selector changes", func() error {
+			if err := kubetest.CreatePod(e.ctx, e.client, e.ns, "c", other, kubetest.PodStatus{IP: "127.0.0.5", Ready: true}); err != nil {
+				return err
+			}
+			pool.MatchLabels = other
+			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+		}, []string{addr("127.0.0.5", p1), addr("127.0.0.5", p2)}},
+		{"the last pod turns unready", func() error {
+			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "c", kubetest.PodStatus{IP: "127.0.0.5"})
+		}, nil},
+		{"it turns Ready again", func() error {
+			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "c", kubetest.PodStatus{IP: "127.0.0.5", Ready: true})
+		}, []string{addr("127.0.0.5", p1), addr("127.0.0.5", p2)}},
+		{"the pool is deleted", func() error {
+			return kubetest.DeletePool(e.ctx, e.dyn, pool)
+		}, nil},
+	}
+	for _, s := range steps {
+		e.must(t, s.name, s.act())
+		if s.want == nil {
+			waitReady(t, p, s.name, notServing)
+			if got := p.route(t, s.name); got != "503" {
+				t.Fatalf("%s: request went to %q, want 503", s.name, got)
+			}
+			continue
+		}
+		waitReady(t, p, s.name, serving)
+		p.waitRoutes(t, s.name, 4*len(s.want), s.want...)
+	}
+}
+
+func TestRemovedEndpointsLeaveTheIndex(t *testing.T) {
+	e := newEnv(t)
+	_, ports := serve(t, []string{"127.0.0.2", "127.0.0.3"}, 1)
+	pool := kubetest.Pool{Namespace: e.ns, Name: "p", MatchLabels: vllm, Ports: ports}
+	e.must(t, "pod a", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	p := startPicker(t, e, pickerOpts{pool: "p"})
+	waitReady(t, p, "ready", serving)
+	p.waitRoutes(t, "everything goes to a", 8, addr("127.0.0.2", ports[0]))
+	if n := p.metric(t, "kvpick_prefix_index_entries"); n <= 0 {
+		t.Fatalf("kvpick_prefix_index_entries = %v after routing prompts, want > 0", n)
+	}
+
+	// a leaves, b joins: a's entries go with it, and b has none until it is routed to.
+	e.must(t, "a unready", kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.2"}))
+	e.must(t, "pod b", kubetest.CreatePod(e.ctx, e.client, e.ns, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true}))
+	eventually(t, "a's index entries are freed", func() string {
+		m, err := p.metrics.Scrape(context.Background())
+		if err != nil {
+			return err.Error()
+		}
+		if n, eps := m.Value("kvpick_prefix_index_entries"), m.Value("kvpick_pool_endpoints"); n != 0 || eps != 1 {
+			return fmt.Sprintf("%v index entries and %v endpoints, want 0 and 1", n, eps)
+		}
+		return ""
+	})
+}
+
+func TestV1Alpha2Pool(t *testing.T) {
+	e := newEnv(t)
+	_, ports := serve(t, []string{"127.0.0.6"}, 2)
+	pool := kubetest.Pool{Group: inferencepool.GroupV1Alpha2, Namespace: e.ns, Name: "old", MatchLabels: vllm, Ports: ports[:1]}
+	e.must(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.6", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	p := startPicker(t, e, pickerOpts{pool: "old", group: inferencepool.GroupV1Alpha2})
+	waitReady(t, p, "ready", serving)
+	p.waitRoutes(t, "v1alpha2 pool", 4, addr("127.0.0.6", ports[0]))
+	pool.Ports = ports[1:]
+	e.must(t, "port", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	p.waitRoutes(t, "v1alpha2 targetPortNumber change", 4, addr("127.0.0.6", ports[1]))
+}
+
+func TestOnlyTheLeaderIsReadyAndAFollowerTakesOver(t *testing.T) {
+	e := newEnv(t)
+	_, ports := serve(t, []string{"127.0.0.7"}, 1)
+	e.must(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, kubetest.Pool{Namespace: e.ns, Name: "ha", MatchLabels: vllm, Ports: ports}))
+	a := startPicker(t, e, pickerOpts{pool: "ha", leader: true})
+	b := startPicker(t, e, pickerOpts{pool: "ha", leader: true})
+
+	var leader, follower *picker
+	eventually(t, "one leader", func() string {
+		ra, rb := a.ready(t), b.ready(t)
+		switch {
+		case ra == serving && rb == notServing:
+			leader, follower = a, b
+		case rb == serving && ra == notServing:
+			leader, follower = b, a
+		default:
+			return fmt.Sprintf("readiness %v and %v, want exactly one SERVING", ra, rb)
+		}
+		return ""
+	})
+	if leader.metric(t, "kvpick_ha_leader") != 1 || follower.metric(t, "kvpick_ha_leader") != 0 {
+		t.Fatal("kvpick_ha_leader disagrees with readiness")
+	}
+	// The follower stays not ready: it holds no lease however long it waits (a few retries).
+	for range 5 {
+		if got := follower.ready(t); got != notServing {
+			t.Fatalf("the follower reports %v", got)
+		}
+	}
+	// Its discovery is warm: asked directly, it routes.
+	if got := follower.route(t, "to the follower"); got != addr("127.0.0.7", ports[0]) {
+		t.Fatalf("the follower routed to %q", got)
+	}
+
+	leader.stop(t)
+	waitReady(t, follower, "the follower takes over when the leader stops", serving)
+	if follower.metric(t, "kvpick_ha_leader") != 1 {
+		t.Fatal("kvpick_ha_leader is not 1 on the new leader")
+	}
+}
+
+// The cmd/extproc binary, started with the reference chart's command line (its flags for the
+// pool, logging and features this picker does not have), follows the pool.
+func TestBinaryTakesTheReferenceChartsFlags(t *testing.T) {
+	e := newEnv(t)
+	_, ports := serve(t, []string{"127.0.0.8"}, 1)
+	e.must(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.8", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, kubetest.Pool{Namespace: e.ns, Name: "chart", MatchLabels: vllm, Ports: ports}))
+
+	root, err := pickerproc.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	bin, err := pickerproc.Build(ctx, root, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NAMESPACE", e.ns) // the reference chart's downward-API variable
+	proc, err := pickerproc.Start(ctx, pickerproc.Options{Bin: bin, Args: []string{
+		"--pool-name", "chart", "--kubeconfig", e.c.KubeconfigPath(),
+		"--zap-encoder", "json", "-v", "3",
+		"--total-queued-requests-metric", "nv_trt_llm_request_metrics{request_type=waiting}",
+		"--lora-info-metric", "",
+		"--tracing=false", "--metrics-endpoint-auth=false",
+		"--shutdown-delay=0s",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Stop() })
+
+	conn := dial(t, proc.GRPCAddr)
+	routed, _, err := dataplane.New(conn).Do(ctx, dataplane.FullDuplex(),
+		&dataplane.HTTPRequest{Method: "POST", Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":"hello"}`)},
+		&dataplane.HTTPResponse{Status: http.StatusOK, Body: []byte(`{}`)})
+	if err != nil || routed.Destination != addr("127.0.0.8", ports[0]) {
+		t.Fatalf("routed %+v, %v", routed, err)
+	}
+	if logs := proc.Logs(); !strings.Contains(logs, "accepted and ignored") || !strings.Contains(logs, "total-queued-requests-metric") {
+		t.Fatalf("no log line naming the ignored flags:\n%s", logs)
+	}
+}
