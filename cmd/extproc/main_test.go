@@ -17,11 +17,23 @@ func TestBadFlagsAndConfigNameTheProblem(t *testing.T) {
 	if err := os.WriteFile(unknownPlugin, []byte("plugins:\n- name: magic-scorer\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	staticCfg := filepath.Join(dir, "static.yaml")
+	if err := os.WriteFile(staticCfg, []byte("pool:\n  endpoints: [10.0.0.1:8000]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	free := []string{"--grpc-port", "0", "--grpc-health-port", "0", "--metrics-port", "0"}
 	tests := []struct {
 		name string
 		args []string
 		want string
 	}{
+		{"static pool flag and Kubernetes", []string{"--endpoints", "10.0.0.1:8000", "--pool-name", "p"}, "exclusive"},
+		{"static pool in the config and Kubernetes", []string{"--config-file", staticCfg, "--pool-name", "p"}, "exclusive"},
+		{"leader election without a pool", []string{"--ha-enable-leader-election"}, "need --pool-name"},
+		{"unknown pool group", append([]string{"--pool-name", "p", "--pool-group", "inference.example.com"}, free...), "--pool-group"},
+		{"unreadable kubeconfig", append([]string{"--pool-name", "p", "--kubeconfig", filepath.Join(dir, "none.kubeconfig")}, free...), "none.kubeconfig"},
+		{"reference flag this picker refuses", []string{"--endpoint-selector", "app=vllm"}, "--endpoint-selector"},
+		{"bad drain timeout", []string{"--drain-timeout", "0s"}, "drainTimeout"},
 		{"unknown flag", []string{"--grpc-prot", "1"}, "grpc-prot"},
 		{"port out of range", []string{"--metrics-port", "70000"}, "--metrics-port"},
 		{"bad log level", []string{"--log-level", "loud"}, "--log-level"},
