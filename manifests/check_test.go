@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvpick/kvpick/config"
@@ -16,7 +17,7 @@ import (
 
 // binary describes one of the project's commands as the manifests must run it.
 type binary struct {
-	main      string             // its main.go, read for flag definitions
+	main      string             // its package directory, read for flag definitions (see loadWorld)
 	flags     map[string]flagDef // filled from main
 	portFlags []string           // flags whose value is a port it listens on
 	addrFlags []string           // flags whose value is a host:port it listens on
@@ -41,8 +42,20 @@ type world struct {
 }
 
 // loadWorld reads the flags the binaries define and the gRPC health service names the picker
-// registers, from their Go source (no build).
+// registers. The picker's flags come from the built binary's own -h (it registers some from
+// tables, pkg/compatflags); the simulator's from its source (no build).
 func loadWorld() (*world, error) {
+	worldOnce.Do(func() { theWorld, worldErr = readWorld() })
+	return theWorld, worldErr
+}
+
+var (
+	worldOnce sync.Once
+	theWorld  *world
+	worldErr  error
+)
+
+func readWorld() (*world, error) {
 	runner, err := stringConsts("../pkg/runner/runner.go")
 	if err != nil {
 		return nil, err
@@ -74,10 +87,13 @@ func loadWorld() (*world, error) {
 			httpProbes: map[string]string{"livenessProbe": "/health", "readinessProbe": "/health"},
 		},
 	}}
+	if w.binaries["kvpick"].flags, err = pickerFlags(); err != nil {
+		return nil, err
+	}
+	if w.binaries["simserver"].flags, err = binaryFlags(w.binaries["simserver"].main); err != nil {
+		return nil, err
+	}
 	for name, b := range w.binaries {
-		if b.flags, err = binaryFlags(b.main); err != nil {
-			return nil, err
-		}
 		need := append(append([]string{}, b.portFlags...), b.addrFlags...)
 		need = append(need, b.healthFlag, b.configFlag, b.grpcFlag, b.poolFlag, b.poolNameFlag, b.poolGroupFlag, b.leaderFlag)
 		for f := range b.drainFlags {
@@ -85,7 +101,7 @@ func loadWorld() (*world, error) {
 		}
 		for _, f := range need {
 			if _, ok := b.flags[f]; f != "" && !ok {
-				return nil, fmt.Errorf("%s: %s no longer defines --%s; update validate_test.go's world", b.main, name, f)
+				return nil, fmt.Errorf("%s: %s no longer defines --%s; update check_test.go's world", b.main, name, f)
 			}
 		}
 	}

@@ -1,15 +1,80 @@
 package manifests
 
 import (
+	"context"
 	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvpick/kvpick/internal/pickerproc"
 )
+
+// pickerFlags builds the picker and reads the flags it defines from its -h output (Go's
+// flag.PrintDefaults: "  -name type" then the usage, "(default x)" at its end; a bool flag has
+// no type).
+func pickerFlags() (map[string]flagDef, error) {
+	root, err := pickerproc.ModuleRoot()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "kvpick-manifests-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bin, err := pickerproc.Build(ctx, root, dir)
+	if err != nil {
+		return nil, err
+	}
+	out, _ := exec.CommandContext(ctx, bin, "-h").CombinedOutput() // -h exits non-zero
+	flags := parseHelp(string(out))
+	if len(flags) == 0 {
+		return nil, fmt.Errorf("%s -h listed no flags:\n%s", bin, out)
+	}
+	return flags, nil
+}
+
+var (
+	helpFlag    = regexp.MustCompile(`^  -(\S+)(?: (\S+))?$`)
+	helpDefault = regexp.MustCompile(`\(default (.*)\)$`)
+	helpTypes   = map[string]string{"": "bool", "int": "int", "uint": "uint", "string": "string", "float": "float", "duration": "duration"}
+)
+
+func parseHelp(text string) map[string]flagDef {
+	flags := map[string]flagDef{}
+	var last string
+	for _, line := range strings.Split(text, "\n") {
+		if m := helpFlag.FindStringSubmatch(line); m != nil {
+			typ, ok := helpTypes[m[2]]
+			if !ok {
+				typ = "string" // flag.Value types ("value") take a string
+			}
+			last = m[1]
+			flags[last] = flagDef{Type: typ}
+			continue
+		}
+		if m := helpDefault.FindStringSubmatch(strings.TrimSpace(line)); m != nil && last != "" {
+			d := flags[last]
+			if s, err := strconv.Unquote(m[1]); err == nil {
+				d.Default = s
+			} else {
+				d.Default = m[1]
+			}
+			flags[last] = d
+		}
+	}
+	return flags
+}
 
 // flagDef is one flag a binary defines, as read from its source.
 type flagDef struct {

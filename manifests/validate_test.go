@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -71,11 +72,9 @@ func isComponent(t *testing.T, dir string) bool {
 	return kustomizationFile(t, dir)["kind"] == "Component"
 }
 
-// TestHAComponent builds base + components/ha as an overlay would and checks that it turns
-// leader election on with what it needs: the flag, replicas, Recreate and Lease access (the
-// RBAC check of checkSet refuses leader election without it).
-func TestHAComponent(t *testing.T) {
-	w := mustWorld(t)
+// haOverlay builds base + components/ha as an overlay would.
+func haOverlay(t *testing.T) []object {
+	t.Helper()
 	root, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +97,15 @@ func TestHAComponent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return objs
+}
+
+// TestHAComponent builds base + components/ha as an overlay would and checks that it turns
+// leader election on with what it needs: the flag, replicas, Recreate and Lease access (the
+// RBAC check of checkSet refuses leader election without it).
+func TestHAComponent(t *testing.T) {
+	w := mustWorld(t)
+	objs := haOverlay(t)
 	for _, err := range checkSet(w, objs, checkOptions{}) {
 		t.Error(err)
 	}
@@ -128,10 +136,11 @@ func TestHAComponent(t *testing.T) {
 }
 
 // Files under manifests/ that are not Kubernetes objects for kustomize: the Helm chart, the
-// plain Envoy bootstrap, Helm values for a gateway's own chart, the pinned versions.
+// plain Envoy bootstrap, Helm values for a gateway's own chart, the pinned versions, the tests'
+// data.
 func notKustomized(p string) bool {
 	p = filepath.ToSlash(p)
-	return strings.HasPrefix(p, "charts/") || strings.HasPrefix(p, "envoy/") ||
+	return strings.HasPrefix(p, "charts/") || strings.HasPrefix(p, "envoy/") || strings.HasPrefix(p, "testdata/") ||
 		strings.HasSuffix(p, "helm-values.yaml") || p == "versions.yaml"
 }
 
@@ -244,9 +253,9 @@ func TestGatewayWiring(t *testing.T) {
 	}
 }
 
-// TestBinaryFlagsFromSource guards the AST reader the checks depend on: it must find the
-// picker's documented flags with their defaults.
-func TestBinaryFlagsFromSource(t *testing.T) {
+// TestBinaryFlags guards the readers the checks depend on: the picker's flags from its -h, with
+// their defaults, the reference chart's flags it accepts, and the simulator's from its source.
+func TestBinaryFlags(t *testing.T) {
 	w := mustWorld(t)
 	flags := w.binaries["kvpick"].flags
 	for name, want := range map[string]flagDef{
@@ -259,16 +268,48 @@ func TestBinaryFlagsFromSource(t *testing.T) {
 		"cert-path":                 {Type: "string"},
 		"log-level":                 {Type: "string", Default: "info"},
 		"pool-name":                 {Type: "string"},
-		"pool-group":                {Type: "string"},
-		"ha-enable-leader-election": {Type: "bool", Default: "false"},
-		"drain-timeout":             {Type: "duration"},
+		"pool-group":                {Type: "string", Default: "inference.networking.k8s.io"},
+		"ha-enable-leader-election": {Type: "bool"},
+		"v":                         {Type: "string"},
+		"zap-encoder":               {Type: "string"},
 	} {
 		if got, ok := flags[name]; !ok || got != want {
 			t.Errorf("--%s: got %+v (defined %v), want %+v", name, got, ok, want)
 		}
 	}
+	if got := flags["drain-timeout"]; got.Type != "duration" || got.Default == "" {
+		t.Errorf("--drain-timeout: %+v, want a duration with a default", got)
+	}
 	if got := w.binaries["simserver"].flags["addr"]; got.Type != "string" {
 		t.Errorf("simserver --addr: %+v", got)
+	}
+}
+
+func TestParseHelp(t *testing.T) {
+	got := parseHelp(`Usage of extproc:
+  -cert-path string
+    	directory holding tls.crt and tls.key
+  -drain-timeout duration
+    	on SIGTERM, how long open streams get to end (default 5m0s)
+  -grpc-port int
+    	ext_proc gRPC port (default 9002)
+  -ha-enable-leader-election
+    	active-passive HA
+  -log-level string
+    	log level (default "info")
+  -tracing value
+    	accepted and ignored
+`)
+	want := map[string]flagDef{
+		"cert-path":                 {Type: "string"},
+		"drain-timeout":             {Type: "duration", Default: "5m0s"},
+		"grpc-port":                 {Type: "int", Default: "9002"},
+		"ha-enable-leader-election": {Type: "bool"},
+		"log-level":                 {Type: "string", Default: "info"},
+		"tracing":                   {Type: "string"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("parseHelp: %v, want %v", got, want)
 	}
 }
 
