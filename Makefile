@@ -5,7 +5,7 @@ PKGS    ?= ./...
 
 include e2e/kind/Makefile.inc
 
-.PHONY: all build test test-short bench fuzz lint fmt vet demo e2e e2e-kind clean
+.PHONY: all build test test-short test-kube kube-assets bench fuzz lint fmt vet demo e2e e2e-kind clean
 
 all: lint test build
 
@@ -13,9 +13,23 @@ all: lint test build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## test: the project's test suite, with the race detector (what CI runs)
+## test: the project's test suite, with the race detector (what CI runs); includes the tests
+## against a real Kubernetes API server, whose binaries kube-assets builds once (~15 min cold)
 test: lint
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	@assets="$${KUBE_ASSETS:-$$(./hack/kube-binaries.sh)}" || exit 1; \
+	echo "KUBE_ASSETS=$$assets"; \
+	KUBE_ASSETS="$$assets" KUBE_ASSETS_REQUIRED=1 $(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## kube-assets: build etcd and kube-apiserver for the integration tests (cached by version
+## under $${XDG_CACHE_HOME:-~/.cache}/kvpick; prints the directory)
+kube-assets:
+	./hack/kube-binaries.sh
+
+## test-kube: only the tests against a real API server (Kubernetes discovery, HA, the CRDs)
+KUBE_PKGS ?= ./internal/kubetest ./pkg/discovery ./e2e/kubeapi
+test-kube:
+	@assets="$${KUBE_ASSETS:-$$(./hack/kube-binaries.sh)}" || exit 1; \
+	KUBE_ASSETS="$$assets" KUBE_ASSETS_REQUIRED=1 $(GO) test -race -count=1 -timeout 20m $(KUBE_PKGS)
 
 ## test-short: unit tests only, skipping the process-level end-to-end suite
 test-short:
