@@ -25,8 +25,9 @@ test: lint
 kube-assets:
 	./hack/kube-binaries.sh
 
-## test-kube: only the tests against a real API server (Kubernetes discovery, HA, the CRDs)
-KUBE_PKGS ?= ./internal/kubetest ./pkg/discovery ./e2e/kubeapi
+## test-kube: only the tests against a real API server (Kubernetes discovery, HA, the CRDs,
+## the manifests' server-side dry runs)
+KUBE_PKGS ?= ./internal/kubetest ./pkg/discovery ./e2e/kubeapi ./manifests
 test-kube:
 	@assets="$${KUBE_ASSETS:-$$(./hack/kube-binaries.sh)}" || exit 1; \
 	KUBE_ASSETS="$$assets" KUBE_ASSETS_REQUIRED=1 $(GO) test -race -count=1 -timeout 20m $(KUBE_PKGS)
