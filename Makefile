@@ -5,7 +5,7 @@ PKGS    ?= ./...
 
 include e2e/kind/Makefile.inc
 
-.PHONY: all build test test-short test-kube kube-assets bench fuzz lint fmt vet demo e2e e2e-kind clean
+.PHONY: all build test test-short test-kube kube-assets bench fuzz fuzz-ci lint fmt vet demo e2e e2e-kind clean
 
 all: lint test build
 
@@ -19,6 +19,7 @@ test: lint
 	@assets="$${KUBE_ASSETS:-$$(./hack/kube-binaries.sh)}" || exit 1; \
 	echo "KUBE_ASSETS=$$assets"; \
 	KUBE_ASSETS="$$assets" KUBE_ASSETS_REQUIRED=1 $(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(MAKE) --no-print-directory fuzz-ci
 
 ## kube-assets: build etcd and kube-apiserver for the integration tests (cached by version
 ## under $${XDG_CACHE_HOME:-~/.cache}/kvpick; prints the directory)
@@ -40,10 +41,21 @@ test-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./pkg/prefix ./pkg/openai ./pkg/extproc
 
-## fuzz: fuzz the request-body parser for FUZZTIME (default 60s)
+## fuzz: run every fuzz target of the repository (func Fuzz* in a _test.go file) for FUZZTIME
+## each (default 60s); go test fuzzes one target of one package at a time
 FUZZTIME ?= 60s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./pkg/openai
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg internal config cmd); do \
+	  for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+	    echo "fuzz $$t in ./$$(dirname $$f) for $(FUZZTIME)"; \
+	    $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f); \
+	  done; \
+	done
+
+## fuzz-ci: every fuzz target for 15s each (make test runs it; the seeds and corpora under
+## testdata/fuzz also run as plain tests in every go test)
+fuzz-ci:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=15s
 
 ## lint: formatting and vet
 lint: fmt vet
