@@ -83,6 +83,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 
 	s, err := demo.Start(ctx, demo.StackOptions{Sims: *sims, GatewayAddr: *listen, Log: log})
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w\nthe gateway's address %s is in use (another demo still running?): give another with --listen, e.g. --listen 127.0.0.1:8081, or --listen 127.0.0.1:0 for any free port", err, *listen)
+	}
 	if err != nil {
 		return err
 	}

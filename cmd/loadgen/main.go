@@ -3,10 +3,11 @@
 //
 //	loadgen throughput   back-to-back exchanges with 64 KB chat bodies: exchanges/s, per picker
 //	                     core, added latency, decision time, optional CPU profile
-//	loadgen streams      10,000 streams held open at once: time to open, picker RSS and
-//	                     goroutines at peak, in-flight accounting, return to 0
+//	loadgen streams      10,000 streams held open at once, then their responses streamed token
+//	                     by token: time to open, picker RSS and goroutines at peak, picker CPU
+//	                     per streamed response, in-flight accounting, return to 0
 //	loadgen churn        unique prompts against a small prefix index: memory over time, bytes
-//	                     per index entry, whether RSS stays flat
+//	                     per index entry, whether the live heap stays bounded
 //
 // By default it builds cmd/extproc, starts it on free ports with 64 fake endpoints and the
 // health check off, and stops it at the end; --picker-addr targets a running picker instead.
@@ -42,8 +43,8 @@ const usage = `usage: loadgen <scenario> [flags]
 
 scenarios:
   throughput   exchanges back to back: exchanges/s, per picker core, added latency, decision time
-  streams      many streams held open at once: open time, RSS and goroutines at peak, in-flight
-  churn        unique prompts against a small index: memory over time, bytes per entry, flat RSS
+  streams      many streams held open, then streamed token by token: RSS, CPU per response, in-flight
+  churn        unique prompts against a small index: memory over time, bytes per entry, bounded heap
 
 'loadgen <scenario> -h' lists the scenario's flags. docs/loadgen.md explains the reports.
 `
@@ -90,6 +91,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c common
 	c.register(fs)
 	var runScenario func(context.Context, *loadgen.Target, io.Writer) (report, error)
+	var validate func() error // the flags, before a picker is built and started
 	var lruCapacity int
 	switch scenario {
 	case "throughput":
@@ -105,11 +107,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.IntVar(&o.Variants, "variants", o.Variants, "final questions per conversation")
 		fs.BoolVar(&o.RepeatBodies, "repeat-bodies", false, "send the pool's bodies unchanged (default: a fresh nonce in each final question, so its last blocks are new)")
 		fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the picker, taken during the window, to this file")
+		validate = func() error {
+			return positive(map[string]int{"--concurrency": o.Concurrency, "--conns": o.Conns, "--body-bytes": o.BodyBytes, "--chunk-bytes": o.ChunkBytes})
+		}
 		runScenario = func(ctx context.Context, t *loadgen.Target, prog io.Writer) (report, error) {
 			o.Seed, o.Progress = c.seed, prog
-			if err := positive(map[string]int{"--concurrency": o.Concurrency, "--conns": o.Conns, "--body-bytes": o.BodyBytes, "--chunk-bytes": o.ChunkBytes}); err != nil {
-				return nil, err
-			}
 			r, err := loadgen.RunThroughput(ctx, t, o)
 			if err != nil {
 				return nil, err
@@ -121,16 +123,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.IntVar(&o.Streams, "streams", o.Streams, "streams held open at once")
 		fs.IntVar(&o.Conns, "conns", 0, "gRPC connections (0: one per 2,500 streams)")
 		fs.IntVar(&o.OpenConcurrency, "open-concurrency", o.OpenConcurrency, "streams being opened at the same moment")
-		fs.DurationVar(&o.Hold, "hold", o.Hold, "how long all streams stay open together")
+		fs.DurationVar(&o.Hold, "hold", o.Hold, "how long all streams stay open and idle together")
 		fs.IntVar(&o.BodyBytes, "body-bytes", o.BodyBytes, "request body size")
+		fs.IntVar(&o.TokensMin, "tokens-min", o.TokensMin, "fewest tokens in a streamed response (one SSE chunk each)")
+		fs.IntVar(&o.TokensMax, "tokens-max", o.TokensMax, "most tokens in a streamed response (0: one-chunk responses)")
+		fs.DurationVar(&o.TokenGap, "token-gap", o.TokenGap, "time between two tokens of a response")
 		fs.DurationVar(&o.OpenTimeout, "open-timeout", o.OpenTimeout, "give up when opening takes longer")
+		fs.DurationVar(&o.StreamTimeout, "stream-timeout", o.StreamTimeout, "give up when streaming the responses takes longer")
 		fs.DurationVar(&o.SettleTimeout, "settle-timeout", o.SettleTimeout, "how long the in-flight and stream gauges get to return to 0")
 		fs.StringVar(&o.HeapProfile, "heapprofile", "", "write the picker's heap profile, taken with every stream open, to this file")
+		validate = func() error {
+			if o.TokensMin < 0 || o.TokensMax < o.TokensMin {
+				return fmt.Errorf("--tokens-min %d, --tokens-max %d: want 0 ≤ min ≤ max", o.TokensMin, o.TokensMax)
+			}
+			return positive(map[string]int{"--streams": o.Streams, "--body-bytes": o.BodyBytes})
+		}
 		runScenario = func(ctx context.Context, t *loadgen.Target, prog io.Writer) (report, error) {
 			o.Seed, o.Progress = c.seed, prog
-			if err := positive(map[string]int{"--streams": o.Streams, "--body-bytes": o.BodyBytes}); err != nil {
-				return nil, err
-			}
 			r, err := loadgen.RunStreams(ctx, t, o)
 			if err != nil {
 				return nil, err
@@ -140,29 +149,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "churn":
 		o := loadgen.DefaultChurnOptions()
 		var csvOut string
-		var flatMiB float64
 		var bound int
 		fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "workers, each running exchanges back to back")
 		fs.IntVar(&o.Conns, "conns", o.Conns, "gRPC connections")
 		fs.DurationVar(&o.Duration, "duration", o.Duration, "length of the run")
+		fs.Int64Var(&o.Exchanges, "exchanges", 0, "end the run after this many exchanges instead of --duration")
 		fs.DurationVar(&o.Interval, "interval", o.Interval, "sampling period")
 		fs.IntVar(&o.MinBytes, "min-bytes", o.MinBytes, "smallest prompt")
 		fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "largest prompt")
 		fs.IntVar(&o.ChunkBytes, "chunk-bytes", o.ChunkBytes, "request body chunk size")
 		fs.IntVar(&lruCapacity, "lru-capacity", 2000, "lruCapacityPerEndpoint of the started picker (blocks per endpoint)")
 		fs.IntVar(&bound, "bound", 0, "the index's capacity in entries, when the picker is not started here (0: lru-capacity × endpoints for a started picker)")
-		fs.Float64Var(&flatMiB, "flat-threshold", float64(o.FlatThresholdBytesPerMin)/(1<<20), "RSS counts as flat when its slope over the second half is at most this many MiB per minute")
+		fs.Float64Var(&o.LeakThreshold, "leak-threshold", o.LeakThreshold, "fail when the live heap grows, after the index is full, by more than this fraction of what keeping every inserted entry would cost")
 		fs.StringVar(&csvOut, "csv", "", "write the samples as CSV to this file")
 		fs.StringVar(&o.HeapProfile, "heapprofile", "", "write the picker's heap profile, taken at the end after a forced GC, to this file")
+		validate = func() error {
+			return positive(map[string]int{"--concurrency": o.Concurrency, "--conns": o.Conns, "--min-bytes": o.MinBytes, "--max-bytes": o.MaxBytes, "--chunk-bytes": o.ChunkBytes})
+		}
 		runScenario = func(ctx context.Context, t *loadgen.Target, prog io.Writer) (report, error) {
 			o.Seed, o.Progress = c.seed, prog
-			o.FlatThresholdBytesPerMin = flatMiB * (1 << 20)
 			o.Bound = bound
 			if o.Bound == 0 && c.pickerAddr == "" && c.pickerConfig == "" {
 				o.Bound = lruCapacity * c.endpoints
-			}
-			if err := positive(map[string]int{"--concurrency": o.Concurrency, "--conns": o.Conns, "--min-bytes": o.MinBytes, "--max-bytes": o.MaxBytes, "--chunk-bytes": o.ChunkBytes}); err != nil {
-				return nil, err
 			}
 			r, err := loadgen.RunChurn(ctx, t, o)
 			if err != nil {
@@ -195,6 +203,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "loadgen: unexpected arguments: %s\n", strings.Join(fs.Args(), " "))
+		return exitError
+	}
+	if err := validate(); err != nil {
+		fmt.Fprintln(stderr, "loadgen:", err)
 		return exitError
 	}
 	var prog io.Writer = stderr
@@ -366,7 +378,10 @@ func (s streamsReport) failures() []string {
 	var f []string
 	r := s.r
 	if r.Errors > 0 {
-		f = append(f, fmt.Sprintf("%d streams failed (%d opening, %d finishing)", r.Errors, r.OpenErrors, r.FinishErrors))
+		f = append(f, fmt.Sprintf("%d streams failed (%d opening, %d streaming)", r.Errors, r.OpenErrors, r.FinishErrors))
+	}
+	if r.Responses != r.Opened {
+		f = append(f, fmt.Sprintf("%d responses streamed whole of %d streams opened", r.Responses, r.Opened))
 	}
 	if math.IsNaN(float64(r.AllOpen.Inflight)) {
 		f = append(f, "no metrics: in-flight accounting not checked (give --metrics-addr)")
@@ -393,12 +408,19 @@ func (c churnReport) failures() []string {
 	if c.r.Errors > 0 {
 		f = append(f, fmt.Sprintf("%d exchanges failed", c.r.Errors))
 	}
-	if len(c.r.Samples) > 0 && !math.IsNaN(float64(c.r.RSSSlopeBytesPerMin)) && !c.r.RSSFlat {
-		f = append(f, fmt.Sprintf("RSS not flat after warm-up: %+.2f MiB/min over the second half (threshold %.2f)",
-			float64(c.r.RSSSlopeBytesPerMin)/(1<<20), c.r.FlatThresholdBytesPerMin/(1<<20)))
+	r := c.r
+	switch {
+	case math.IsNaN(float64(r.LeakRatio)):
+		f = append(f, "memory not checked: no live heap figures once the index was full (give --metrics-addr; run longer)")
+	case !r.Bounded:
+		f = append(f, fmt.Sprintf("live heap grew %.1f MiB after the index was full: %.0f%% of what keeping the %.0f inserted blocks would cost (threshold %.0f%%)",
+			float64(r.HeapGrowthBytes)/(1<<20), 100*float64(r.LeakRatio), float64(r.BlocksInserted), 100*r.Options.LeakThreshold))
 	}
-	if c.r.Options.Bound > 0 && math.IsNaN(float64(c.r.BoundReachedS)) {
-		f = append(f, fmt.Sprintf("the index never reached its bound of %d entries", c.r.Options.Bound))
+	if r.Options.Bound > 0 && math.IsNaN(float64(r.BoundReachedS)) {
+		f = append(f, fmt.Sprintf("the index never reached its bound of %d entries", r.Options.Bound))
+	}
+	if r.Options.Bound > 0 && float64(r.MaxEntries) > float64(r.Options.Bound) {
+		f = append(f, fmt.Sprintf("the index held %.0f entries, over its bound of %d", float64(r.MaxEntries), r.Options.Bound))
 	}
 	return f
 }

@@ -73,10 +73,9 @@ func TestScenariosAgainstARunningPicker(t *testing.T) {
 	common := []string{"--picker-addr", g, "--metrics-addr", m, "--quiet"}
 	for name, args := range map[string][]string{
 		"throughput": {"--duration", "1s", "--warmup", "200ms", "--concurrency", "4", "--body-bytes", "8192", "--conversations", "8"},
-		"streams":    {"--streams", "200", "--hold", "200ms"},
-		"churn": {"--duration", "1500ms", "--interval", "250ms", "--concurrency", "2", "--min-bytes", "2048", "--max-bytes", "4096", "--bound", "400", "--csv", "CSV",
-			// The picker shares the test process (and the race detector): its RSS is not the picker's alone.
-			"--flat-threshold", "100000"},
+		"streams":    {"--streams", "200", "--hold", "200ms", "--tokens-min", "10", "--tokens-max", "20", "--token-gap", "1ms"},
+		"churn": {"--exchanges", "400", "--interval", "50ms", "--concurrency", "2", "--min-bytes", "4096", "--max-bytes", "8192",
+			"--bound", "400", "--csv", "CSV"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -129,6 +128,10 @@ func TestUsage(t *testing.T) {
 	if code, _, errs := runCLI(t, "throughput", "--picker-addr", "127.0.0.1:1", "--concurrency", "0"); code != exitError || !strings.Contains(errs, "--concurrency") {
 		t.Errorf("zero concurrency: exit %d", code)
 	}
+	// Bad flags are refused before any picker is built.
+	if code, _, errs := runCLI(t, "streams", "--tokens-min", "9", "--tokens-max", "3"); code != exitError || !strings.Contains(errs, "--tokens-min") || strings.Contains(errs, "building") {
+		t.Errorf("tokens min above max: exit %d", code)
+	}
 }
 
 // TestStartsItsOwnPicker builds cmd/extproc and runs a tiny scenario against it, as the command
@@ -138,7 +141,8 @@ func TestStartsItsOwnPicker(t *testing.T) {
 		t.Skip("builds cmd/extproc")
 	}
 	log := filepath.Join(t.TempDir(), "picker.log")
-	code, out, errs := runCLI(t, "streams", "--streams", "100", "--hold", "100ms", "--endpoints", "4", "--quiet", "--picker-log", log)
+	code, out, errs := runCLI(t, "streams", "--streams", "100", "--hold", "100ms", "--tokens-min", "5", "--tokens-max", "10", "--token-gap", "1ms",
+		"--endpoints", "4", "--quiet", "--picker-log", log)
 	if code != 0 || !strings.Contains(out, "PASS") || !strings.Contains(errs, "picker pid") {
 		t.Fatalf("exit %d", code)
 	}

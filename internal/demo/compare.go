@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/kvpick/kvpick/internal/devgateway"
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/progress"
 )
 
 // CompareOptions configure Compare.
@@ -20,7 +20,8 @@ type CompareOptions struct {
 	Sims     int            // default 4
 	Sim      *engine.Config // default SimConfig()
 	Log      *zap.Logger
-	// Progress, if set, receives a progress line per run (a progress bar on a terminal).
+	// Progress, if set, shows each run's progress (internal/progress: a bar redrawn in place on
+	// a terminal, plain lines every few seconds elsewhere).
 	Progress io.Writer
 }
 
@@ -33,12 +34,9 @@ func Compare(ctx context.Context, o CompareOptions) (picker, roundRobin Result, 
 			return Result{}, err
 		}
 		defer s.Close()
-		var bar *Bar
-		if o.Progress != nil {
-			bar = NewBar(o.Progress, fmt.Sprintf("%-11s", policy))
-		}
+		bar := progress.Count(o.Progress, fmt.Sprintf("%-11s", policy), "requests", 0)
 		r := Run(ctx, s, o.Workload, bar.Update)
-		bar.Finish()
+		bar.Stop("")
 		r.Policy = string(policy)
 		if err := s.Err(); err != nil {
 			return r, err
@@ -88,40 +86,4 @@ func Report(w io.Writer, results ...Result) {
 	}
 	fmt.Fprintln(w, "\n  Hit rate and computed tokens are the simulators' own counters. Client times include the")
 	fmt.Fprintln(w, "  gateway and picker, which share this machine's CPUs with everything else in this process.")
-}
-
-// Bar is a one-line progress bar, redrawn in place with \r.
-type Bar struct {
-	w     io.Writer
-	label string
-	mu    sync.Mutex
-	last  int
-}
-
-// NewBar returns a bar writing to w.
-func NewBar(w io.Writer, label string) *Bar { return &Bar{w: w, label: label, last: -1} }
-
-// Update redraws the bar when the percentage changes. A nil Bar does nothing.
-func (b *Bar) Update(done, total int) {
-	if b == nil || total <= 0 {
-		return
-	}
-	pct := 100 * done / total
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if pct == b.last {
-		return
-	}
-	b.last = pct
-	const width = 30
-	fill := width * done / total
-	fmt.Fprintf(b.w, "\r%s [%s%s] %3d%% %d/%d requests", b.label, strings.Repeat("#", fill), strings.Repeat(".", width-fill), pct, done, total)
-}
-
-// Finish ends the bar's line.
-func (b *Bar) Finish() {
-	if b == nil {
-		return
-	}
-	fmt.Fprintln(b.w)
 }

@@ -91,10 +91,16 @@ func Start(ctx context.Context, o StackOptions) (_ *Stack, err error) {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
+	// The gateway's address first: it is the one a user chooses, and may find taken.
+	gln, err := net.Listen("tcp", o.GatewayAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s := &Stack{cancel: cancel}
 	defer func() {
 		if err != nil {
+			gln.Close()
 			s.Close()
 		}
 	}()
@@ -157,12 +163,8 @@ func Start(ctx context.Context, o StackOptions) (_ *Stack, err error) {
 		return nil, err
 	}
 	s.gw = g
-	ln, err := net.Listen("tcp", o.GatewayAddr)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	s.serve(&http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}, ln)
-	s.GatewayURL = "http://" + ln.Addr().String()
+	s.serve(&http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}, gln)
+	s.GatewayURL = "http://" + gln.Addr().String()
 	return s, nil
 }
 

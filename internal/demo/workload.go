@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/internal/engine"
+
+	"github.com/kvpick/kvpick/internal/textgen"
 )
 
 // Workload is a deterministic mix of sessions. A session is a sequence of requests that each
@@ -118,22 +120,8 @@ func (w Workload) sessions() []session {
 	return out
 }
 
-var vocabulary = strings.Fields(`the a of to and in is that for it as with was on be by this are from at or an
-have not which but all were when we there can their has more one will would been if no other what
-order refund invoice shipping account payment policy customer warranty return package delivery
-cache token prefix server model block query batch stream latency memory kernel tensor layer queue
-function variable error retry timeout buffer index table schema column report summary detail reason`)
-
-func filler(r *rand.Rand, n int) string {
-	var sb strings.Builder
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			sb.WriteByte(' ')
-		}
-		sb.WriteString(vocabulary[r.IntN(len(vocabulary))])
-	}
-	return sb.String()
-}
+// filler is n words of internal/textgen's word list.
+func filler(r *rand.Rand, n int) string { return textgen.Phrase(r, n) }
 
 // Result is what one run of the workload measured.
 type Result struct {

@@ -6,23 +6,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"unicode/utf8"
+
+	"github.com/kvpick/kvpick/internal/textgen"
 )
 
 // Model is the model name the generated requests ask for.
 const Model = "meta-llama/Llama-3.1-8B-Instruct"
-
-var words = strings.Fields(`the a of to and in is that for it as with was on be by this are from at or an
-have not which but all were when we there can their has more one will would been if no other what
-about so into its only some could time these two may then do first any my now such like our over
-man me even most made after also did many before must through back years where much your way well
-down should because each just those people how too little state good very make world still own see
-men work long get here between both life being under never day same another know while last might
-us great old year off come since against go came right used take three cache request server model
-token prompt latency throughput memory block prefix endpoint gateway route picker stream batch queue
-kernel tensor layer attention decode prefill replica cluster node pod deploy config metric trace
-function variable return value error handle retry timeout buffer index table query schema column
-customer invoice order payment account shipping refund policy contract clause section report summary
-analysis chapter paragraph sentence example question answer detail reason evidence result method`)
 
 var roles = []string{
 	"a senior site reliability engineer who answers questions about production incidents",
@@ -35,43 +25,14 @@ var roles = []string{
 	"a travel planner who builds itineraries within a budget",
 }
 
-// textGen writes pseudo-English: sentences of common words, now and then a code block with
-// quotes, so that the JSON carries the escapes real prompts do.
+// textGen writes the bodies' text (internal/textgen): prose with a code block one segment in
+// 20, so that the JSON carries the escapes real prompts do.
 type textGen struct{ r *rand.Rand }
 
-func (g textGen) sentence(sb *strings.Builder) {
-	n := 6 + g.r.IntN(14)
-	for i := range n {
-		w := words[g.r.IntN(len(words))]
-		if i == 0 {
-			sb.WriteString(strings.ToUpper(w[:1]))
-			sb.WriteString(w[1:])
-		} else {
-			sb.WriteByte(' ')
-			sb.WriteString(w)
-		}
-		if i < n-1 && g.r.IntN(12) == 0 {
-			sb.WriteByte(',')
-		}
-	}
-	sb.WriteString(". ")
-}
+func (g textGen) sentence(sb *strings.Builder) { textgen.Sentence(g.r, sb) }
 
 // text writes about n bytes.
-func (g textGen) text(sb *strings.Builder, n int) {
-	start := sb.Len()
-	for sb.Len()-start < n {
-		switch g.r.IntN(20) {
-		case 0:
-			fmt.Fprintf(sb, "\n\n```go\nfunc handle%d(ctx context.Context) error {\n\tif err := call(\"%s\"); err != nil {\n\t\treturn fmt.Errorf(\"%s: %%w\", err)\n\t}\n\treturn nil\n}\n```\n\n",
-				g.r.IntN(1000), words[g.r.IntN(len(words))], words[g.r.IntN(len(words))])
-		case 1:
-			sb.WriteString("\n- ")
-		default:
-			g.sentence(sb)
-		}
-	}
-}
+func (g textGen) text(sb *strings.Builder, n int) { textgen.Prose(g.r, sb, n, 20) }
 
 type chatMessage struct {
 	Role    string `json:"role"`
@@ -133,7 +94,7 @@ func NewChatPool(seed uint64, conversations, systemPrompts, variants, bodyBytes 
 			for k := range 3 {
 				var t chatTool
 				t.Type = "function"
-				t.Function.Name = fmt.Sprintf("lookup_%s_%d", words[r.IntN(len(words))], k)
+				t.Function.Name = fmt.Sprintf("lookup_%s_%d", textgen.Word(r), k)
 				var d strings.Builder
 				g.sentence(&d)
 				t.Function.Description = d.String()
@@ -191,7 +152,7 @@ var noncePlaceholder = strings.Repeat("0", NonceLen)
 // UniquePrompts makes chat bodies whose prompts share nothing: each starts with a fresh random
 // nonce, so every one of its chained blocks is new to a prefix index.
 type UniquePrompts struct {
-	base     []byte // JSON-safe text that prompts are cut from
+	base     []byte // text that prompts are cut from, already escaped for a JSON string
 	min, max int
 }
 
@@ -204,7 +165,8 @@ func NewUniquePrompts(seed uint64, minBytes, maxBytes int) *UniquePrompts {
 	for sb.Len() < 2*maxBytes+64<<10 {
 		g.sentence(&sb)
 	}
-	return &UniquePrompts{base: []byte(sb.String()), min: minBytes, max: maxBytes}
+	q, _ := json.Marshal(sb.String()) // a string always marshals
+	return &UniquePrompts{base: q[1 : len(q)-1], min: minBytes, max: maxBytes}
 }
 
 const (
@@ -216,8 +178,22 @@ const (
 func (u *UniquePrompts) Next(r *rand.Rand, buf []byte) []byte {
 	n := u.min + r.IntN(u.max-u.min+1)
 	off := r.IntN(len(u.base) - n + 1)
+	end := off + n
+	// Cut where a cut keeps the JSON valid: not inside an escape (the text's only backslashes
+	// start escapes) nor inside a multi-byte character.
+	for off < end && !u.cut(off) {
+		off++
+	}
+	for end < len(u.base) && !u.cut(end) {
+		end++
+	}
 	buf = append(buf[:0], uniqueHead...)
 	buf = fmt.Appendf(buf, "request %016x%016x: ", r.Uint64(), r.Uint64())
-	buf = append(buf, u.base[off:off+n]...)
+	buf = append(buf, u.base[off:end]...)
 	return append(buf, uniqueTail...)
+}
+
+// cut reports whether the text may be cut before byte i.
+func (u *UniquePrompts) cut(i int) bool {
+	return i == 0 || i == len(u.base) || utf8.RuneStart(u.base[i]) && u.base[i-1] != '\\'
 }

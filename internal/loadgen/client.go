@@ -4,237 +4,75 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/experimental"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvpick/kvpick/internal/dataplane"
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
-// Names from the endpoint-picker protocol.
-const (
-	DestinationHeader = "x-gateway-destination-endpoint"
-	servedKey         = "x-gateway-destination-endpoint-served"
-	lbNamespace       = "envoy.lb"
-)
-
-// fullDuplex is the processing mode an inference gateway configures, as sent on the first
-// message of a stream.
-var fullDuplex = &extprocv3.ProtocolConfiguration{
-	RequestBodyMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-	ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+// NewRequest prepares a POST /v1/chat/completions with body (dataplane.Prepare: the messages
+// Envoy sends in FULL_DUPLEX_STREAMED, encoded once), cut into chunks of chunkBytes. The
+// messages point into body: keep it unchanged while the request is in use.
+func NewRequest(body []byte, chunkBytes int, requestID string) *dataplane.Prepared {
+	return dataplane.Prepare(&dataplane.HTTPRequest{
+		Method: "POST", Path: "/v1/chat/completions", Authority: "gateway.example", Scheme: "https",
+		Headers: []dataplane.Header{
+			{Key: "content-type", Value: "application/json"},
+			{Key: "content-length", Value: strconv.Itoa(len(body))},
+			{Key: gateway.RequestIDHeader, Value: requestID},
+		},
+		Body: body,
+	}, chunkBytes)
 }
 
-func header(k, v string) *corev3.HeaderValue {
-	return &corev3.HeaderValue{Key: k, RawValue: []byte(v)}
-}
-
-// Request is one HTTP request's worth of pre-built ext_proc messages: request headers (with
-// protocol_config) and the body in chunks, end_of_stream on the last. Its messages are only
-// read while sending, so one Request may be sent on many streams at once.
-type Request struct {
-	msgs       []*extprocv3.ProcessingRequest
-	enc        []*encoded // msgs, encoded: what is sent
-	BodyLen    int
-	chunkBytes int
-	// For stamped copies (see Stamp): the copied chunks and their encodings.
-	own    [][]byte
-	ownEnc []encoded
-}
-
-// NewRequest builds the messages for a POST /v1/chat/completions with body, cut into chunks of
-// chunkBytes. The messages point into body: keep it unchanged while the Request is in use.
-func NewRequest(body []byte, chunkBytes int, requestID string) *Request {
-	r := &Request{BodyLen: len(body)}
-	r.msgs = append(r.msgs, &extprocv3.ProcessingRequest{
-		ProtocolConfig: fullDuplex,
-		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-				header(":method", "POST"),
-				header(":path", "/v1/chat/completions"),
-				header(":authority", "gateway.example"),
-				header(":scheme", "https"),
-				header("content-type", "application/json"),
-				header("content-length", strconv.Itoa(len(body))),
-				header("x-request-id", requestID),
-			}},
-		}},
-	})
-	r.setBody(body, chunkBytes)
-	return r
-}
-
-// setBody replaces the body messages (reusing them where possible) and the content-length.
-func (r *Request) setBody(body []byte, chunkBytes int) {
-	chunkBytes = max(chunkBytes, 1)
-	r.BodyLen, r.chunkBytes = len(body), chunkBytes
-	hs := r.msgs[0].GetRequestHeaders().GetHeaders().GetHeaders()
-	for _, h := range hs {
-		if h.Key == "content-length" {
-			h.RawValue = strconv.AppendInt(h.RawValue[:0], int64(len(body)), 10)
-		}
-	}
-	n := 1
-	for off := 0; ; off += chunkBytes {
-		end := min(off+chunkBytes, len(body))
-		var m *extprocv3.ProcessingRequest
-		if n < len(r.msgs) {
-			m = r.msgs[n]
-		} else {
-			m = &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{}}}
-			r.msgs = append(r.msgs, m)
-		}
-		b := m.GetRequestBody()
-		b.Body, b.EndOfStream = body[off:end], end == len(body)
-		n++
-		if end == len(body) {
-			break
-		}
-	}
-	r.msgs = r.msgs[:n]
-	// Encode once; a reused Request re-encodes into the buffers it already has.
-	for i, m := range r.msgs {
-		if i >= len(r.enc) {
-			r.enc = append(r.enc, &encoded{})
-		}
-		b, err := proto.MarshalOptions{}.MarshalAppend(r.enc[i].b[:0], m)
-		if err != nil {
-			panic(fmt.Sprintf("loadgen: encoding the request: %v", err)) // built here from valid fields
-		}
-		r.enc[i].b = b
-	}
-	r.enc = r.enc[:n]
-}
-
-// Stamp makes into a copy of r whose body has nonce, in hex, at offset at (NonceLen bytes, as
-// ChatPool.NonceAt gives), and returns it. Only the chunks holding those bytes are copied and
-// re-encoded; the others are shared with r. into is reused from one call to the next: stamp a
-// new copy only once the previous one is no longer being sent.
-func (r *Request) Stamp(into *Request, at int, nonce uint64) *Request {
-	into.msgs, into.BodyLen, into.chunkBytes = r.msgs, r.BodyLen, r.chunkBytes
-	into.enc = append(into.enc[:0], r.enc...)
-	if at < 0 || at+NonceLen > r.BodyLen {
-		return into
-	}
+// StampNonce makes into a copy of req whose body has nonce, in hex, at offset at (NonceLen
+// bytes, where ChatPool.NonceAt says), and returns it (dataplane.Prepared.Stamp).
+func StampNonce(req, into *dataplane.Prepared, at int, nonce uint64) *dataplane.Prepared {
 	var hex [NonceLen]byte
 	const digits = "0123456789abcdef"
 	for i := range hex {
 		hex[i] = digits[(nonce>>(4*(NonceLen-1-i)))&15]
 	}
-	first, last := at/r.chunkBytes, (at+NonceLen-1)/r.chunkBytes
-	for len(into.own) < last-first+1 {
-		into.own = append(into.own, nil)
-		into.ownEnc = append(into.ownEnc, encoded{})
-	}
-	for k := first; k <= last; k++ {
-		src := r.msgs[1+k].GetRequestBody()
-		buf := append(into.own[k-first][:0], src.GetBody()...)
-		for i := range hex {
-			if off := at + i - k*r.chunkBytes; off >= 0 && off < len(buf) {
-				buf[off] = hex[i]
-			}
-		}
-		into.own[k-first] = buf
-		m := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-			RequestBody: &extprocv3.HttpBody{Body: buf, EndOfStream: src.GetEndOfStream()}}}
-		e := &into.ownEnc[k-first]
-		b, err := proto.MarshalOptions{}.MarshalAppend(e.b[:0], m)
-		if err != nil {
-			panic(fmt.Sprintf("loadgen: encoding the request: %v", err))
-		}
-		e.b = b
-		into.enc[1+k] = e
-	}
-	return into
+	return req.Stamp(into, at, hex[:])
 }
 
-// SetBody points a Request at a new body, for generators that reuse one Request per worker.
-// Only call it when no stream is sending the Request.
-func (r *Request) SetBody(body []byte, chunkBytes int) { r.setBody(body, chunkBytes) }
-
-// Client is a lean ext_proc client over a few gRPC connections.
+// Client is the load generator's side of the ext_proc connection: a few gRPC connections, each
+// with dataplane's fast path, and the responses it plays back, encoded once per endpoint.
 type Client struct {
 	conns []*grpc.ClientConn
-	stubs []extprocv3.ExternalProcessorClient
+	dps   []*dataplane.Client
 	next  atomic.Uint32
 
-	// Pre-built response-path messages: response headers per known endpoint (carrying the
-	// served endpoint, as the proxy reports it), and the one response chunk.
-	respHeaders map[string]*encoded
-	respGeneric *encoded
-	respBody    *encoded
-	respBodyLen int
-	strict      bool // the destination must be one of the known endpoints
+	responses map[string]*playback // by served endpoint
+	generic   *playback            // for a destination outside the known pool
+	strict    bool                 // the destination must be one of the known endpoints
 }
-
-// responseChunk is a small SSE response, the way a streamed chat completion ends.
-var responseChunk = func() []byte {
-	var sb strings.Builder
-	for i := range 8 {
-		fmt.Fprintf(&sb, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token%d \"}}]}\n\n", Model, i)
-	}
-	sb.WriteString("data: [DONE]\n\n")
-	return []byte(sb.String())
-}()
-
-// bufferPool is the client's gRPC buffer pool (see dirtyPool).
-var bufferPool = &dirtyPool{}
 
 // Dial opens conns connections to addr (plaintext). endpoints, when given, are the picker's
 // pool: a destination outside it is an error.
 func Dial(addr string, conns int, endpoints []string) (*Client, error) {
-	c := &Client{respHeaders: map[string]*encoded{}, strict: len(endpoints) > 0}
+	c := &Client{responses: map[string]*playback{}, strict: len(endpoints) > 0}
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dataplane.DialOptions()...)
 	for range max(conns, 1) {
-		cc, err := grpc.NewClient(addr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			// Envoy's HTTP/2 windows are large (256 MiB); grpc-go's 64 KiB default would make
-			// a 64 KB body wait for window updates, which Envoy does not.
-			grpc.WithInitialWindowSize(4<<20),
-			grpc.WithInitialConnWindowSize(64<<20),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20),
-				grpc.ForceCodecV2(leanCodec{})),
-			experimental.WithBufferPool(bufferPool),
-		)
+		cc, err := grpc.NewClient(addr, opts...)
 		if err != nil {
 			c.Close()
 			return nil, err
 		}
 		cc.Connect()
 		c.conns = append(c.conns, cc)
-		c.stubs = append(c.stubs, extprocv3.NewExternalProcessorClient(cc))
-	}
-	respHeaders := func(served string) *encoded {
-		m := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
-			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-				header(":status", "200"),
-				header("content-type", "text/event-stream"),
-			}},
-		}}}
-		if served != "" {
-			m.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-				lbNamespace: {Fields: map[string]*structpb.Value{servedKey: structpb.NewStringValue(served)}},
-			}}
-		}
-		return encode(m)
+		c.dps = append(c.dps, dataplane.New(cc))
 	}
 	for _, e := range endpoints {
-		c.respHeaders[e] = respHeaders(e)
+		c.responses[e] = newPlayback(e)
 	}
-	c.respGeneric = respHeaders("")
-	c.respBody = encode(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
-		ResponseBody: &extprocv3.HttpBody{Body: responseChunk, EndOfStream: true},
-	}})
-	c.respBodyLen = len(responseChunk)
+	c.generic = newPlayback("")
 	return c, nil
 }
 
@@ -248,18 +86,18 @@ func (c *Client) Close() {
 // Conns is the number of connections.
 func (c *Client) Conns() int { return len(c.conns) }
 
-// Stub returns the stub of connection i (modulo the number of connections).
-func (c *Client) Stub(i int) extprocv3.ExternalProcessorClient { return c.stubs[i%len(c.stubs)] }
-
-// NextStub returns the connections' stubs in turn.
-func (c *Client) NextStub() extprocv3.ExternalProcessorClient {
-	return c.stubs[int(c.next.Add(1))%len(c.stubs)]
+// conn returns connection i (modulo the number of connections); a negative i takes them in turn.
+func (c *Client) conn(i int) *dataplane.Client {
+	if i < 0 {
+		i = int(c.next.Add(1))
+	}
+	return c.dps[i%len(c.dps)]
 }
 
 // Error is an exchange that went wrong: Phase says where, Kind is a short stable reason for
 // grouping (no request-specific detail), Detail the rest.
 type Error struct {
-	Phase  string // open, request, route, body, response-headers, response-body, close
+	Phase  string // open, route, body, response-headers, response-body, close
 	Kind   string
 	Detail string
 }
@@ -283,163 +121,164 @@ func ErrorKey(err error) string {
 	return "other: " + err.Error()
 }
 
-func streamErr(phase string, err error) *Error {
-	if err == io.EOF {
+// failed classifies an error of the fast path (dataplane's error types) in phase.
+func failed(phase string, err error) *Error {
+	var pe *dataplane.ProtocolError
+	var se *dataplane.StreamError
+	var ie *dataplane.ImmediateError
+	switch {
+	case errors.As(err, &pe):
+		return &Error{Phase: phase, Kind: "protocol rule " + string(pe.Rule), Detail: pe.Detail}
+	case errors.As(err, &se):
+		return &Error{Phase: phase, Kind: "grpc " + se.Status.Code().String(), Detail: se.Status.Message()}
+	case errors.As(err, &ie):
+		return immediate(phase, ie.Immediate)
+	case errors.Is(err, dataplane.ErrServerGone):
 		return &Error{Phase: phase, Kind: "stream ended early with OK"}
-	}
-	if s, ok := status.FromError(err); ok {
-		return &Error{Phase: phase, Kind: "grpc " + s.Code().String(), Detail: s.Message()}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return &Error{Phase: phase, Kind: "canceled", Detail: err.Error()}
 	}
 	return &Error{Phase: phase, Kind: "stream error", Detail: err.Error()}
 }
 
-func unexpected(phase string, a *answer) *Error {
-	if a.kind == fImmediate {
-		return &Error{Phase: phase, Kind: fmt.Sprintf("immediate response %d", a.status), Detail: a.detail}
-	}
-	return &Error{Phase: phase, Kind: "unexpected " + a.kindName()}
+func immediate(phase string, im *dataplane.Immediate) *Error {
+	return &Error{Phase: phase, Kind: fmt.Sprintf("immediate response %d", im.Status), Detail: string(im.Body)}
 }
 
 // Held is a stream whose request has been routed and whose body came back, waiting for the
 // response (as an LLM request is while the model generates).
 type Held struct {
-	c      *Client
-	stream extprocv3.ExternalProcessor_ProcessClient
-	cancel context.CancelFunc
+	c *Client
+	d *dataplane.Duplex
 	// Dest is the routing answer's destination (its first entry when it is a list).
 	Dest string
 	// Added is the picker's added latency: from sending the request headers to receiving the
 	// routing answer and the whole body back.
 	Added time.Duration
-	a     answer
 }
 
-// Open starts a stream on stub, sends req and reads the routing answer and the re-emitted
-// body. On error the stream is already cancelled.
-func (c *Client) Open(ctx context.Context, stub extprocv3.ExternalProcessorClient, req *Request) (*Held, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	st, err := stub.Process(ctx)
+// Open starts a stream on connection conn (-1: the next one in turn), sends req and reads the
+// routing answer and the re-emitted body. It checks that the destination is there (in
+// raw_value), inside the pool, with clear_route_cache, and that the body came back whole. On
+// error the stream is already cancelled.
+func (c *Client) Open(ctx context.Context, conn int, req *dataplane.Prepared) (*Held, error) {
+	d, err := c.conn(conn).OpenDuplex(ctx)
 	if err != nil {
-		cancel()
-		return nil, streamErr("open", err)
+		return nil, failed("open", err)
 	}
-	h := &Held{c: c, stream: st, cancel: cancel}
-	if err := h.route(req); err != nil {
-		cancel()
-		return nil, err
+	start := time.Now()
+	r, err := d.Route(req)
+	added := time.Since(start)
+	var e *Error
+	dest, _, _ := strings.Cut(r.Destination, ",")
+	switch {
+	case err != nil:
+		e = failed("route", err)
+	case r.Immediate != nil:
+		e = immediate("route", r.Immediate)
+	case dest == "":
+		e = &Error{Phase: "route", Kind: "no destination header"}
+	case !r.ClearRouteCache:
+		e = &Error{Phase: "route", Kind: "clear_route_cache not set"}
+	case c.strict && c.responses[dest] == nil:
+		e = &Error{Phase: "route", Kind: "destination outside the pool", Detail: dest}
+	case r.Body != req.BodyLen():
+		e = &Error{Phase: "body", Kind: "re-emitted body length differs", Detail: fmt.Sprintf("got %d bytes, sent %d", r.Body, req.BodyLen())}
 	}
-	return h, nil
+	if e != nil {
+		d.Cancel()
+		return nil, e
+	}
+	return &Held{c: c, d: d, Dest: dest, Added: added}, nil
 }
 
-func (h *Held) route(req *Request) error {
-	st := h.stream
-	start := time.Now()
-	for _, m := range req.enc {
-		if err := st.SendMsg(m); err != nil {
-			return streamErr("request", sendErr(st, err))
-		}
+// Finish plays a short response: headers (:status 200, the served endpoint in envoy.lb
+// metadata), one SSE chunk holding the whole answer, then the half-close, which the picker
+// must answer by ending the stream with OK.
+func (h *Held) Finish() error { return h.Stream(Tokens{}) }
+
+// Tokens says how Stream plays a response.
+type Tokens struct {
+	// N is the number of single-token SSE chunks; 0 plays Finish's one-chunk response.
+	N int
+	// Gap is the time between two tokens; Stop, when it closes, ends the gaps early (the
+	// response still completes).
+	Gap  time.Duration
+	Stop <-chan struct{}
+	// Sent, when set, counts the chunks sent.
+	Sent *atomic.Int64
+}
+
+// Stream plays a response streamed token by token: headers, then t.N SSE chunks of one token
+// each (the size and shape vLLM writes) t.Gap apart, then the final chunk with [DONE], then the
+// half-close. Each chunk must come back whole before the next is sent: the picker passes a
+// response through chunk by chunk.
+func (h *Held) Stream(t Tokens) error {
+	defer h.d.Cancel()
+	p := h.c.responses[h.Dest]
+	if p == nil {
+		p = h.c.generic
 	}
-	a := &h.a
-	if err := st.RecvMsg(a); err != nil {
-		return streamErr("route", err)
-	}
-	if a.kind != fRequestHeaders {
-		return unexpected("route", a)
-	}
-	h.Dest = a.dest
+	im, err := h.d.ResponseHeaders(p.headers)
 	switch {
-	case h.Dest == "":
-		return &Error{Phase: "route", Kind: "no destination header (raw_value)"}
-	case !a.clearRouteCache:
-		return &Error{Phase: "route", Kind: "clear_route_cache not set"}
-	case h.c.strict && h.c.respHeaders[h.Dest] == nil:
-		return &Error{Phase: "route", Kind: "destination outside the pool", Detail: h.Dest}
+	case err != nil:
+		return failed("response-headers", err)
+	case im != nil:
+		return immediate("response-headers", im)
 	}
-	got := 0
-	for {
-		if err := st.RecvMsg(a); err != nil {
-			return streamErr("body", err)
+	send := func(m *dataplane.Encoded) error {
+		if err := h.d.ResponseChunk(m); err != nil {
+			return failed("response-body", err)
 		}
-		if a.kind != fRequestBody || !a.streamed {
-			return unexpected("body", a)
+		if t.Sent != nil {
+			t.Sent.Add(1)
 		}
-		got += a.bodyLen
-		if a.eos || got > req.BodyLen {
-			break
+		return nil
+	}
+	if t.N == 0 {
+		if err := send(p.whole); err != nil {
+			return err
+		}
+	} else {
+		var timer *time.Timer
+		for i := range t.N {
+			if t.Gap > 0 && i > 0 {
+				if timer == nil {
+					timer = time.NewTimer(t.Gap)
+					defer timer.Stop()
+				} else {
+					timer.Reset(t.Gap)
+				}
+				select {
+				case <-timer.C:
+				case <-t.Stop:
+				}
+			}
+			if err := send(p.tokens[i%len(p.tokens)]); err != nil {
+				return err
+			}
+		}
+		if err := send(p.done); err != nil {
+			return err
 		}
 	}
-	if got != req.BodyLen {
-		return &Error{Phase: "body", Kind: "re-emitted body length differs", Detail: fmt.Sprintf("got %d bytes, sent %d", got, req.BodyLen)}
+	if sent, back, ended := h.d.ResponseBody(); sent != back || !ended {
+		return &Error{Phase: "response-body", Kind: "response not echoed whole",
+			Detail: fmt.Sprintf("sent %d bytes, got %d, end of stream %v", sent, back, ended)}
 	}
-	h.Added = time.Since(start)
+	if err := h.d.Close(); err != nil {
+		return failed("close", err)
+	}
 	return nil
 }
 
-// Finish plays the response: headers (:status 200, the served endpoint in envoy.lb metadata),
-// one body chunk (which must come back whole), then the half-close, which the picker must
-// answer by ending the stream with OK.
-func (h *Held) Finish() error {
-	defer h.cancel()
-	st := h.stream
-	rh := h.c.respHeaders[h.Dest]
-	if rh == nil {
-		rh = h.c.respGeneric
-	}
-	a := &h.a
-	if err := st.SendMsg(rh); err != nil {
-		return streamErr("response-headers", sendErr(st, err))
-	}
-	if err := st.RecvMsg(a); err != nil {
-		return streamErr("response-headers", err)
-	}
-	if a.kind != fResponseHeaders {
-		return unexpected("response-headers", a)
-	}
-	if err := st.SendMsg(h.c.respBody); err != nil {
-		return streamErr("response-body", sendErr(st, err))
-	}
-	if err := st.RecvMsg(a); err != nil {
-		return streamErr("response-body", err)
-	}
-	if a.kind != fResponseBody || !a.streamed {
-		return unexpected("response-body", a)
-	}
-	if a.bodyLen != h.c.respBodyLen || !a.eos {
-		return &Error{Phase: "response-body", Kind: "response chunk not echoed whole",
-			Detail: fmt.Sprintf("got %d bytes eos=%v, sent %d", a.bodyLen, a.eos, h.c.respBodyLen)}
-	}
-	if err := st.CloseSend(); err != nil {
-		return streamErr("close", err)
-	}
-	err := st.RecvMsg(a)
-	if err == io.EOF {
-		return nil
-	}
-	if err != nil {
-		return streamErr("close", err)
-	}
-	return unexpected("close", a)
-}
-
-// sendErr turns Send's io.EOF (the server ended the stream) into the stream's status.
-func sendErr(st extprocv3.ExternalProcessor_ProcessClient, err error) error {
-	if err != io.EOF {
-		return err
-	}
-	var a answer
-	if rerr := st.RecvMsg(&a); rerr != nil {
-		return rerr
-	}
-	return err
-}
-
 // Abort cancels the stream (as the proxy does when the client goes away).
-func (h *Held) Abort() { h.cancel() }
+func (h *Held) Abort() { h.d.Cancel() }
 
-// Exchange runs one whole request: Open then Finish. It returns the added latency and the
-// destination.
-func (c *Client) Exchange(ctx context.Context, stub extprocv3.ExternalProcessorClient, req *Request) (time.Duration, string, error) {
-	h, err := c.Open(ctx, stub, req)
+// Exchange runs one whole request on connection conn: Open then Finish. It returns the added
+// latency and the destination.
+func (c *Client) Exchange(ctx context.Context, conn int, req *dataplane.Prepared) (time.Duration, string, error) {
+	h, err := c.Open(ctx, conn, req)
 	if err != nil {
 		return 0, "", err
 	}

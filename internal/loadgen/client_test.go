@@ -1,13 +1,15 @@
 package loadgen
 
 import (
-	"github.com/kvpick/kvpick/internal/promtext"
-
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -16,7 +18,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
+
+	"github.com/kvpick/kvpick/internal/dataplane"
+	"github.com/kvpick/kvpick/internal/promtext"
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
 func TestExchangeAgainstThePicker(t *testing.T) {
@@ -30,11 +35,7 @@ func TestExchangeAgainstThePicker(t *testing.T) {
 	ctx := context.Background()
 	seen := map[string]bool{}
 	for i, b := range pool.Bodies {
-		req := NewRequest(b, 16<<10, "t")
-		if len(req.msgs) != 1+(len(b)+16<<10-1)/(16<<10) {
-			t.Fatalf("body of %d bytes in %d messages", len(b), len(req.msgs)-1)
-		}
-		added, dest, err := c.Exchange(ctx, c.NextStub(), req)
+		added, dest, err := c.Exchange(ctx, -1, NewRequest(b, 16<<10, "t"))
 		if err != nil {
 			t.Fatalf("exchange %d: %v", i, err)
 		}
@@ -57,7 +58,7 @@ func TestExchangeAgainstThePicker(t *testing.T) {
 	}
 
 	// A held stream counts in flight until it finishes.
-	h, err := c.Open(ctx, c.Stub(0), NewRequest(pool.Bodies[0], 16<<10, "held"))
+	h, err := c.Open(ctx, 0, NewRequest(pool.Bodies[0], 16<<10, "held"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,32 +70,26 @@ func TestExchangeAgainstThePicker(t *testing.T) {
 	}
 	p.settled(t)
 
+	// A response streamed token by token passes through whole.
+	var sent atomic.Int64
+	h, err = c.Open(ctx, 0, NewRequest(pool.Bodies[1], 16<<10, "streamed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Stream(Tokens{N: 300, Sent: &sent}); err != nil {
+		t.Fatal(err)
+	}
+	if sent.Load() != 301 {
+		t.Errorf("%d chunks sent, want 300 tokens and the end", sent.Load())
+	}
+	p.settled(t)
+
 	// A body the picker rejects is an error, by status.
-	_, _, err = c.Exchange(ctx, c.Stub(0), NewRequest([]byte(`{"messages":[]}`), 16<<10, "bad"))
+	_, _, err = c.Exchange(ctx, 0, NewRequest([]byte(`{"messages":[]}`), 16<<10, "bad"))
 	if err == nil || !strings.Contains(ErrorKey(err), "immediate response 400") {
 		t.Fatalf("rejected body: got %v", err)
 	}
 	p.settled(t)
-}
-
-func TestRequestReuse(t *testing.T) {
-	r := NewRequest(make([]byte, 40000), 16384, "x")
-	if len(r.msgs) != 4 || r.BodyLen != 40000 {
-		t.Fatalf("%d messages", len(r.msgs))
-	}
-	r.SetBody(make([]byte, 100), 16384)
-	if len(r.msgs) != 2 || !r.msgs[1].GetRequestBody().GetEndOfStream() || len(r.msgs[1].GetRequestBody().GetBody()) != 100 {
-		t.Fatalf("after SetBody: %d messages", len(r.msgs))
-	}
-	for _, h := range r.msgs[0].GetRequestHeaders().GetHeaders().GetHeaders() {
-		if h.Key == "content-length" && string(h.RawValue) != "100" {
-			t.Errorf("content-length %q", h.RawValue)
-		}
-	}
-	r.SetBody(nil, 16384)
-	if len(r.msgs) != 2 || !r.msgs[1].GetRequestBody().GetEndOfStream() {
-		t.Fatal("an empty body is one empty end-of-stream chunk")
-	}
 }
 
 // fakeServer answers like a picker, with one thing wrong.
@@ -130,21 +125,24 @@ func (f *fakeServer) Process(srv extprocv3.ExternalProcessor_ProcessServer) erro
 			case "status":
 				return status.Error(codes.Internal, "boom")
 			}
+			if f.fault == "short-body" {
+				body = body[1:]
+			}
 			common := &extprocv3.CommonResponse{ClearRouteCache: f.fault != "no-clear",
-				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHdr("content-length", "1")}}}
+				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHdr("content-length", strconv.Itoa(len(body)))}}}
+			if f.fault == "wrong-length" {
+				common.HeaderMutation.SetHeaders[0] = setHdr("content-length", "1")
+			}
 			switch f.fault {
 			case "no-destination":
 			case "outside-pool":
-				common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHdr(DestinationHeader, "192.0.2.1:80"))
+				common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHdr(gateway.DestinationHeader, "192.0.2.1:80"))
 			default:
-				common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHdr(DestinationHeader, "10.0.0.1:8000,10.0.0.2:8000"))
+				common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHdr(gateway.DestinationHeader, "10.0.0.1:8000,10.0.0.2:8000"))
 			}
 			if err := srv.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 				RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
 				return err
-			}
-			if f.fault == "short-body" {
-				body = body[1:]
 			}
 			for off := 0; off < len(body); off += 62000 {
 				end := min(off+62000, len(body))
@@ -189,12 +187,13 @@ func TestExchangeCatchesMisbehaviour(t *testing.T) {
 		"":               "",
 		"immediate":      "route: immediate response 503",
 		"status":         "route: grpc Internal",
-		"no-destination": "route: no destination header (raw_value)",
+		"no-destination": "route: no destination header",
 		"no-clear":       "route: clear_route_cache not set",
 		"outside-pool":   "route: destination outside the pool",
 		"short-body":     "body: re-emitted body length differs",
 		"end-early":      "response-headers: stream ended early with OK",
-		"short-response": "response-body: response chunk not echoed whole",
+		"short-response": "response-body: response not echoed whole",
+		"wrong-length":   "route: protocol rule content-length",
 		"error-at-close": "close: grpc Unavailable",
 	} {
 		t.Run(fault, func(t *testing.T) {
@@ -211,7 +210,7 @@ func TestExchangeCatchesMisbehaviour(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			_, dest, err := c.Exchange(context.Background(), c.Stub(0), NewRequest(make([]byte, 100000), 16<<10, "f"))
+			_, dest, err := c.Exchange(context.Background(), 0, NewRequest(make([]byte, 100000), 16<<10, "f"))
 			if want == "" {
 				if err != nil || dest != "10.0.0.1:8000" {
 					t.Fatalf("clean exchange: dest %q, err %v", dest, err)
@@ -225,56 +224,28 @@ func TestExchangeCatchesMisbehaviour(t *testing.T) {
 	}
 }
 
-func TestStamp(t *testing.T) {
+func TestStampNonce(t *testing.T) {
 	pool := NewChatPool(2, 3, 2, 2, 20000)
 	for i, body := range pool.Bodies {
 		at := pool.NonceAt[i]
 		if at < 0 || string(body[at:at+NonceLen]) != noncePlaceholder {
 			t.Fatalf("body %d: no placeholder at %d", i, at)
 		}
-		// Chunk sizes that put the nonce inside one chunk and across a boundary.
-		for _, chunk := range []int{1000, at + 8, at + NonceLen, 7} {
-			r := NewRequest(body, chunk, "s")
-			orig := concatBody(t, r)
-			var into Request
-			for _, nonce := range []uint64{0xdeadbeef01234567, 0x0123456789abcdef} {
-				s := r.Stamp(&into, at, nonce)
-				got := concatBody(t, s)
-				want := append([]byte(nil), body...)
-				copy(want[at:], fmt.Sprintf("%016x", nonce))
-				if string(got) != string(want) {
-					t.Fatalf("body %d chunk %d: stamped body differs", i, chunk)
-				}
-				if s.BodyLen != len(body) || len(s.enc) != len(r.enc) {
-					t.Fatalf("stamped: %d bytes, %d messages", s.BodyLen, len(s.enc))
-				}
+		req := NewRequest(body, 1000, "s")
+		var into dataplane.Prepared
+		for _, nonce := range []uint64{0xdeadbeef01234567, 0x0123456789abcdef} {
+			got := StampNonce(req, &into, at, nonce).Body()
+			want := append([]byte(nil), body...)
+			copy(want[at:], fmt.Sprintf("%016x", nonce))
+			if !bytes.Equal(got, want) {
+				t.Fatalf("body %d: stamped body differs", i)
 			}
-			if string(concatBody(t, r)) != string(orig) || string(orig) != string(body) {
-				t.Fatal("Stamp changed the original request")
+			if !json.Valid(got) {
+				t.Fatalf("body %d: stamped body is not JSON", i)
 			}
 		}
-	}
-	// No placeholder: the request as it is.
-	r := NewRequest([]byte("{}"), 10, "s")
-	var into Request
-	if s := r.Stamp(&into, -1, 1); string(concatBody(t, s)) != "{}" {
-		t.Fatal("stamp without placeholder changed the body")
-	}
-}
-
-// concatBody decodes a request's encoded body messages.
-func concatBody(t *testing.T, r *Request) []byte {
-	t.Helper()
-	var body []byte
-	for i, e := range r.enc[1:] {
-		var m extprocv3.ProcessingRequest
-		if err := proto.Unmarshal(e.b, &m); err != nil {
-			t.Fatal(err)
-		}
-		body = append(body, m.GetRequestBody().GetBody()...)
-		if m.GetRequestBody().GetEndOfStream() != (i == len(r.enc)-2) {
-			t.Fatalf("end_of_stream on chunk %d of %d", i, len(r.enc)-1)
+		if !bytes.Equal(req.Body(), body) {
+			t.Fatal("StampNonce changed the original request")
 		}
 	}
-	return body
 }

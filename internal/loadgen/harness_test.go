@@ -23,22 +23,16 @@ type inProcess struct {
 
 func startInProcess(t *testing.T, endpoints, lruCapacity int) *inProcess {
 	t.Helper()
-	cfg := config.Default()
-	cfg.Pool.Endpoints = FakeEndpoints(endpoints)
-	cfg.Pool.HealthCheck.Interval = 0
-	if lruCapacity > 0 {
-		// Same edit as the command makes to the picker it starts.
-		y, err := PickerConfig(lruCapacity)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := config.Parse(y)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Pool.Endpoints = cfg.Pool.Endpoints
-		cfg = c
+	// The configuration the command starts its picker with.
+	y, err := PickerConfig(lruCapacity)
+	if err != nil {
+		t.Fatal(err)
 	}
+	cfg, err := config.Parse(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pool.Endpoints = FakeEndpoints(endpoints)
 	pk, addr := runnertest.Serve(t, cfg)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(pk.Registry, promhttp.HandlerOpts{}))

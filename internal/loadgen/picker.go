@@ -32,11 +32,13 @@ func FakeEndpoints(n int) []string {
 }
 
 // PickerConfig returns a picker configuration file for load tests: the built-in defaults with
-// the active health check off (the endpoints are fake) and, when lruCapacity > 0, the prefix
-// index's capacity per endpoint set to it.
+// the active health check and the scrape of the model servers' metrics off (the endpoints are
+// fake: probing them would cost the picker CPU the load test measures) and, when
+// lruCapacity > 0, the prefix index's capacity per endpoint set to it.
 func PickerConfig(lruCapacity int) ([]byte, error) {
 	cfg := config.Default()
 	cfg.Pool.HealthCheck.Interval = 0
+	cfg.Pool.Metrics.RefreshInterval = 0
 	if lruCapacity > 0 {
 		found, err := cfg.SetParameter("prefix-scorer", "lruCapacityPerEndpoint", lruCapacity)
 		if err != nil {

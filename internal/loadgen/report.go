@@ -1,8 +1,6 @@
 package loadgen
 
 import (
-	"github.com/kvpick/kvpick/internal/promtext"
-
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -10,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"text/tabwriter"
+
+	"github.com/kvpick/kvpick/internal/promtext"
 )
 
 func fmtNum(v promtext.Num, format string) string {
@@ -82,11 +82,20 @@ func (r *ThroughputResult) WriteText(out io.Writer) {
 func (r *StreamsResult) WriteText(out io.Writer) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	o := r.Options
-	fmt.Fprintf(w, "== streams: %d concurrent streams over %d connections (opened %d at a time), %d-byte bodies, held %.0f s\n",
-		o.Streams, o.Conns, o.OpenConcurrency, o.BodyBytes, o.HoldS)
+	resp := "one-chunk responses"
+	if o.TokensMax > 0 {
+		resp = fmt.Sprintf("responses of %d–%d tokens, one ~%d-byte SSE chunk each, %.0f ms apart", o.TokensMin, o.TokensMax, o.TokenChunkBytes, o.TokenGapMS)
+	}
+	fmt.Fprintf(w, "== streams: %d concurrent streams over %d connections (opened %d at a time), %d-byte bodies, held %.0f s, then %s\n",
+		o.Streams, o.Conns, o.OpenConcurrency, o.BodyBytes, o.HoldS, resp)
 	writeEnv(w, r.Environment)
-	fmt.Fprintf(w, "opened\t%d of %d in %.2f s (%.0f/s); all finished in %.2f s\n", r.Opened, o.Streams, r.OpenS, r.OpenPerSec, r.FinishS)
+	fmt.Fprintf(w, "opened\t%d of %d in %.2f s (%.0f/s); picker CPU %s µs per routed request\n", r.Opened, o.Streams, r.OpenS, r.OpenPerSec, fmtNum(r.PickerCPUPerOpenUS, "%.0f"))
 	writeLatency(w, "open latency", r.OpenLatency)
+	fmt.Fprintf(w, "streamed\t%d responses, %d chunks in %.1f s (%.0f chunks/s; a stream's chunks came %.0f ms apart on average)\n",
+		r.Responses, r.Chunks, r.StreamS, r.ChunksPerSec, 1000*r.MeanTokenGapS)
+	fmt.Fprintf(w, "picker CPU\t%s s streaming = %s ms per streamed response, %s µs per chunk; picker %s cores, load generator %.2f, whole machine %s busy\n",
+		fmtNum(r.PickerCPUStreamS, "%.1f"), fmtNum(r.PickerCPUPerResponseMS, "%.2f"), fmtNum(r.PickerCPUPerChunkUS, "%.1f"),
+		fmtNum(r.PickerCoresStreaming, "%.2f"), r.ClientCoresStreaming, fmtNum(r.MachineBusyStreaming, "%.2f"))
 	snap := func(name string, s StreamsSnapshot) {
 		fmt.Fprintf(w, "%s\tRSS %s  heap in use %s  goroutines %s  in flight %s  open streams %s\n", name,
 			mib(s.RSSBytes), mib(s.HeapInuseBytes), fmtNum(s.Goroutines, "%.0f"), fmtNum(s.Inflight, "%.0f"), fmtNum(s.OpenStreams, "%.0f"))
@@ -94,12 +103,16 @@ func (r *StreamsResult) WriteText(out io.Writer) {
 	snap("picker before", r.Baseline)
 	snap("all open", r.AllOpen)
 	snap("peak (hold)", r.Peak)
+	snap("peak (streaming)", r.StreamPeak)
 	snap("after", r.After)
 	fmt.Fprintf(w, "per open stream\t%s RSS (peak), %s live heap, %s goroutines; live heap retained after the run %s\n",
 		fmtNum(r.RSSPerStreamBytes, "%.0f B"), fmtNum(r.HeapPerStreamBytes, "%.0f B"), fmtNum(r.GoroutinesPerStream, "%.2f"), mib(r.HeapRetainedBytes))
 	fmt.Fprintf(w, "checks\tin-flight sum = streams: %v; back to 0 after: %v (%.2f s); goroutines back to baseline: %v; client RLIMIT_NOFILE %d\n",
 		r.InflightMatches, r.ReturnedToZero, r.SettleS, r.GoroutinesReturned, r.ClientNoFile)
 	writeErrors(w, r.Errors, r.ErrorKinds, r.FirstError)
+	for _, x := range r.Warnings {
+		fmt.Fprintf(w, "WARNING\t%s\n", x)
+	}
 	if r.HeapProfile != "" {
 		fmt.Fprintf(w, "heap profile\t%s, with every stream open (go tool pprof -sample_index=inuse_space -top %s)\n", r.HeapProfile, r.HeapProfile)
 	}
@@ -114,8 +127,12 @@ func (r *ChurnResult) WriteText(out io.Writer) {
 	if o.Bound > 0 {
 		bound = strconv.Itoa(o.Bound) + " entries"
 	}
-	fmt.Fprintf(w, "== churn: %d workers over %d connections, %.0f s of unique %d–%d byte prompts; index bound %s\n",
-		o.Concurrency, o.Conns, o.DurationS, o.MinBytes, o.MaxBytes, bound)
+	length := fmt.Sprintf("%.0f s", o.DurationS)
+	if o.Exchanges > 0 {
+		length = fmt.Sprintf("%d exchanges", o.Exchanges)
+	}
+	fmt.Fprintf(w, "== churn: %d workers over %d connections, %s of unique %d–%d byte prompts; index bound %s\n",
+		o.Concurrency, o.Conns, length, o.MinBytes, o.MaxBytes, bound)
 	writeEnv(w, r.Environment)
 	fmt.Fprintf(w, "exchanges\t%d = %.0f/s; picker CPU %s µs per exchange\n", r.Exchanges, r.ExchangesPerSec, fmtNum(r.PickerCPUPerExchangeUS, "%.0f"))
 	fmt.Fprintf(w, "CPU\tpicker %s cores, load generator %.2f cores, whole machine %s cores busy\n", fmtNum(r.PickerCores, "%.2f"), r.ClientCores, fmtNum(r.MachineBusyCores, "%.2f"))
@@ -133,16 +150,18 @@ func (r *ChurnResult) WriteText(out io.Writer) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "bound reached\tat %s s; entries at end %s\n", fmtNum(r.BoundReachedS, "%.0f"), fmtNum(r.EntriesAtEnd, "%.0f"))
+	fmt.Fprintf(w, "bound reached\tat %s s; entries at end %s, at most %s\n", fmtNum(r.BoundReachedS, "%.1f"), fmtNum(r.EntriesAtEnd, "%.0f"), fmtNum(r.MaxEntries, "%.0f"))
 	fmt.Fprintf(w, "bytes per entry\tindex's own estimate (index bytes / entries) %s; live heap growth / entries %s (after the load, forced GC: heap in use %s for %s entries); sampled heap growth / entries %s (includes garbage)\n",
 		fmtNum(r.IndexBytesPerEntry, "%.1f"), fmtNum(r.HeapGrowthPerEntryLive, "%.1f"), mib(r.FinalLive.HeapInuseBytes), fmtNum(r.FinalLive.IndexEntries, "%.0f"), fmtNum(r.HeapGrowthPerEntryMean, "%.1f"))
-	verdict := "NOT flat"
-	if r.RSSFlat {
-		verdict = "flat"
+	verdict := "NOT bounded"
+	if r.Bounded {
+		verdict = "bounded"
 	}
-	fmt.Fprintf(w, "RSS after warm-up\t%s: slope over the second half %s/min (threshold %s/min), range %s – %s\n", verdict,
-		mib(r.RSSSlopeBytesPerMin), mib(promtext.Num(r.FlatThresholdBytesPerMin)), mib(r.RSSSecondHalfMinBytes), mib(r.RSSSecondHalfMaxBytes))
-	fmt.Fprintf(w, "other slopes\theap in use %s/min, index bytes %s/min (second half)\n", mib(r.HeapSlopeBytesPerMin), mib(r.IndexBytesSlopePerMin))
+	fmt.Fprintf(w, "memory\t%s: live heap %s when the index reached its bound (%s entries, %d exchanges), %s at the end: %s growth while %s more blocks went in (keeping them would have cost %s): %s of that (threshold %.0f%%)\n",
+		verdict, mib(r.AtBound.HeapInuseBytes), fmtNum(r.AtBound.IndexEntries, "%.0f"), r.AtBound.Exchanges, mib(r.FinalLive.HeapInuseBytes),
+		mib(r.HeapGrowthBytes), fmtNum(r.BlocksInserted, "%.0f"), mib(r.LeakYardstickBytes), fmtNum(100*r.LeakRatio, "%.1f%%"), 100*r.Options.LeakThreshold)
+	fmt.Fprintf(w, "RSS (second half)\tslope %s/min, range %s – %s; heap in use %s/min, index bytes %s/min\n",
+		mib(r.RSSSlopeBytesPerMin), mib(r.RSSSecondHalfMinBytes), mib(r.RSSSecondHalfMaxBytes), mib(r.HeapSlopeBytesPerMin), mib(r.IndexBytesSlopePerMin))
 	writeErrors(w, r.Errors, r.ErrorKinds, r.FirstError)
 	for _, x := range r.Warnings {
 		fmt.Fprintf(w, "WARNING\t%s\n", x)
@@ -162,9 +181,10 @@ func (r *ChurnResult) WriteCSV(out io.Writer) error {
 		}
 		return strconv.FormatFloat(float64(v), 'f', -1, 64)
 	}
-	_ = cw.Write([]string{"t_s", "exchanges", "rss_bytes", "heap_inuse_bytes", "index_entries", "index_bytes"})
+	_ = cw.Write([]string{"t_s", "exchanges", "rss_bytes", "heap_inuse_bytes", "index_entries", "index_bytes", "request_blocks"})
 	for _, s := range append([]ChurnSample{r.Baseline}, r.Samples...) {
-		_ = cw.Write([]string{strconv.FormatFloat(s.T, 'f', 3, 64), strconv.FormatInt(s.Exchanges, 10), f(s.RSSBytes), f(s.HeapInuseBytes), f(s.IndexEntries), f(s.IndexBytes)})
+		_ = cw.Write([]string{strconv.FormatFloat(s.T, 'f', 3, 64), strconv.FormatInt(s.Exchanges, 10), f(s.RSSBytes), f(s.HeapInuseBytes),
+			f(s.IndexEntries), f(s.IndexBytes), f(s.RequestBlocks)})
 	}
 	cw.Flush()
 	return cw.Error()

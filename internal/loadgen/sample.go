@@ -1,14 +1,14 @@
 package loadgen
 
 import (
-	"github.com/kvpick/kvpick/internal/promtext"
-
 	"context"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"runtime"
+
+	"github.com/kvpick/kvpick/internal/promtext"
 )
 
 // PickerSample is one look at the picker process: its metrics page and, when it is local,
@@ -23,13 +23,17 @@ type PickerSample struct {
 	OpenStreams  float64 // kvpick_open_streams
 	IndexEntries float64 // kvpick_prefix_index_entries
 	IndexBytes   float64 // kvpick_prefix_index_bytes
-	Metrics      *promtext.Metrics
+	// RequestBlocks is kvpick_prefix_request_blocks_total: the prompt blocks routed so far, each
+	// committed to the index when its request succeeds.
+	RequestBlocks float64
+	Metrics       *promtext.Metrics
 }
 
 // Sample scrapes the picker.
 func (t *Target) Sample(ctx context.Context, s *promtext.Scraper) (PickerSample, error) {
 	nan := math.NaN()
-	ps := PickerSample{CPUSeconds: nan, MetricCPU: nan, RSS: nan, HeapInuse: nan, Goroutines: nan, Inflight: nan, OpenStreams: nan, IndexEntries: nan, IndexBytes: nan}
+	ps := PickerSample{CPUSeconds: nan, MetricCPU: nan, RSS: nan, HeapInuse: nan, Goroutines: nan, Inflight: nan, OpenStreams: nan,
+		IndexEntries: nan, IndexBytes: nan, RequestBlocks: nan}
 	m, err := s.Scrape(ctx)
 	if err != nil {
 		return ps, err
@@ -45,6 +49,7 @@ func (t *Target) Sample(ctx context.Context, s *promtext.Scraper) (PickerSample,
 		ps.OpenStreams = m.Value("kvpick_open_streams")
 		ps.IndexEntries = m.Value("kvpick_prefix_index_entries")
 		ps.IndexBytes = m.Value("kvpick_prefix_index_bytes")
+		ps.RequestBlocks = m.Value("kvpick_prefix_request_blocks_total")
 	}
 	if t.PID > 0 {
 		if st, err := ReadProcStat(t.PID); err == nil {

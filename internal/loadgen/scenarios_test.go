@@ -56,14 +56,27 @@ func TestThroughputShortRun(t *testing.T) {
 
 func TestStreamsShortRun(t *testing.T) {
 	p := startInProcess(t, 8, 0)
+	p.target.PID = os.Getpid() // CPU from /proc: the test process holds the picker
 	o := DefaultStreamsOptions()
 	o.Streams, o.Hold, o.OpenConcurrency = 200, 300*time.Millisecond, 50
+	o.TokensMin, o.TokensMax, o.TokenGap = 20, 40, time.Millisecond
 	r, err := RunStreams(context.Background(), p.target, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Errors != 0 || r.Opened != 200 {
-		t.Fatalf("opened %d, errors %d: %v (%s)", r.Opened, r.Errors, r.ErrorKinds, r.FirstError)
+	if r.Errors != 0 || r.Opened != 200 || r.Responses != 200 {
+		t.Fatalf("opened %d, responses %d, errors %d: %v (%s)", r.Opened, r.Responses, r.Errors, r.ErrorKinds, r.FirstError)
+	}
+	// Every response was streamed whole: between 20 and 40 tokens and the end, each chunk back.
+	if r.Chunks < 200*21 || r.Chunks > 200*41 {
+		t.Errorf("%d chunks for 200 responses of 20-40 tokens", r.Chunks)
+	}
+	if !(r.PickerCPUStreamS > 0) || !(r.PickerCPUPerResponseMS > 0) || !(r.PickerCPUPerChunkUS > 0) ||
+		math.Abs(float64(r.PickerCPUPerResponseMS)*1e3/float64(r.PickerCPUPerChunkUS)-float64(r.Chunks)/200) > 1e-6*float64(r.Chunks) {
+		t.Errorf("picker CPU %v s: %v ms per response, %v µs per chunk", r.PickerCPUStreamS, r.PickerCPUPerResponseMS, r.PickerCPUPerChunkUS)
+	}
+	if r.Options.TokenChunkBytes < 100 || r.Options.TokenChunkBytes > 250 {
+		t.Errorf("token chunks of %d bytes: want SSE events of one token, 100-250 bytes", r.Options.TokenChunkBytes)
 	}
 	if !r.InflightMatches || r.AllOpen.Inflight != 200 || r.AllOpen.OpenStreams != 200 {
 		t.Errorf("with all open: in flight %v, open streams %v", r.AllOpen.Inflight, r.AllOpen.OpenStreams)
@@ -78,34 +91,26 @@ func TestStreamsShortRun(t *testing.T) {
 	checkReport(t, r, r.WriteText)
 }
 
-func TestChurnShortRun(t *testing.T) {
-	const endpoints, capacity = 4, 100
+// churn runs the churn scenario for 800 exchanges of 4-8 KB unique prompts (about 70,000
+// blocks) against an in-process picker of 4 endpoints whose index holds capacity blocks each,
+// and checks what holds either way.
+func churn(t *testing.T, capacity, bound int) *ChurnResult {
+	t.Helper()
+	const endpoints = 4
 	p := startInProcess(t, endpoints, capacity)
 	o := DefaultChurnOptions()
-	o.Concurrency, o.Duration, o.Interval = 4, 2*time.Second, 250*time.Millisecond
-	o.MinBytes, o.MaxBytes = 2<<10, 4<<10
-	o.Bound = endpoints * capacity
+	o.Concurrency, o.Exchanges, o.Interval = 4, 800, 50*time.Millisecond
+	o.MinBytes, o.MaxBytes = 4<<10, 8<<10
+	o.Bound = bound
 	r, err := RunChurn(context.Background(), p.target, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Errors != 0 || r.Exchanges == 0 {
+	if r.Errors != 0 || r.Exchanges != o.Exchanges {
 		t.Fatalf("exchanges %d, errors %d: %v (%s)", r.Exchanges, r.Errors, r.ErrorKinds, r.FirstError)
 	}
-	if len(r.Samples) < 4 {
-		t.Fatalf("%d samples", len(r.Samples))
-	}
-	// Unique prompts fill the small index to its bound and no further.
-	if math.IsNaN(float64(r.BoundReachedS)) || r.EntriesAtEnd != promtext.Num(o.Bound) {
-		t.Errorf("bound %d: reached at %v, entries at end %v", o.Bound, r.BoundReachedS, r.EntriesAtEnd)
-	}
-	for _, s := range r.Samples {
-		if float64(s.IndexEntries) > float64(o.Bound) {
-			t.Errorf("t=%.2f: %v entries over the bound %d", s.T, s.IndexEntries, o.Bound)
-		}
-	}
-	if !(r.IndexBytesPerEntry > 0) || math.IsNaN(float64(r.HeapGrowthPerEntryLive)) || math.IsNaN(float64(r.RSSSlopeBytesPerMin)) {
-		t.Errorf("per entry %v, live heap per entry %v, rss slope %v", r.IndexBytesPerEntry, r.HeapGrowthPerEntryLive, r.RSSSlopeBytesPerMin)
+	if len(r.Samples) < 2 || math.IsNaN(float64(r.LeakRatio)) || !(r.BlocksInserted > 0) {
+		t.Fatalf("%d samples; leak ratio %v over %v blocks inserted after the bound", len(r.Samples), r.LeakRatio, r.BlocksInserted)
 	}
 	var csv bytes.Buffer
 	if err := r.WriteCSV(&csv); err != nil {
@@ -116,6 +121,39 @@ func TestChurnShortRun(t *testing.T) {
 	}
 	p.settled(t)
 	checkReport(t, r, r.WriteText)
+	return r
+}
+
+// TestChurnKeepsMemoryBounded: unique prompts fill a small index to its bound and no further,
+// and from then on the live heap does not grow with the entries inserted.
+func TestChurnKeepsMemoryBounded(t *testing.T) {
+	const bound = 4 * 2000
+	r := churn(t, 2000, bound)
+	if math.IsNaN(float64(r.BoundReachedS)) || r.EntriesAtEnd != promtext.Num(bound) || r.MaxEntries > promtext.Num(bound) {
+		t.Errorf("bound %d: reached at %v, entries at end %v, at most %v", bound, r.BoundReachedS, r.EntriesAtEnd, r.MaxEntries)
+	}
+	if !r.Bounded {
+		t.Errorf("live heap grew %.0f KiB while %v blocks went in: %.0f%% of keeping them", float64(r.HeapGrowthBytes)/1024,
+			r.BlocksInserted, 100*float64(r.LeakRatio))
+	}
+	if !(r.IndexBytesPerEntry > 0) || math.IsNaN(float64(r.HeapGrowthPerEntryLive)) {
+		t.Errorf("per entry %v, live heap per entry %v", r.IndexBytesPerEntry, r.HeapGrowthPerEntryLive)
+	}
+}
+
+// TestChurnCheckFailsWhenTheIndexKeepsEverything is the same run against an index large enough
+// never to evict, told the bound of the first: to the check, an index that keeps every entry
+// is an index that leaks, and it must say so.
+func TestChurnCheckFailsWhenTheIndexKeepsEverything(t *testing.T) {
+	const bound = 4 * 2000
+	r := churn(t, 100_000, bound)
+	if r.MaxEntries <= promtext.Num(bound) {
+		t.Fatalf("the index stayed within %d entries (%v): it should have kept every block", bound, r.MaxEntries)
+	}
+	if r.Bounded || r.LeakRatio < 0.5 {
+		t.Errorf("a growing index passed the memory check: heap grew %.0f KiB for %v blocks inserted, %.0f%% of keeping them",
+			float64(r.HeapGrowthBytes)/1024, r.BlocksInserted, 100*float64(r.LeakRatio))
+	}
 }
 
 // checkReport renders the text report and the JSON of r.

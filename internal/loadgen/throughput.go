@@ -1,8 +1,6 @@
 package loadgen
 
 import (
-	"github.com/kvpick/kvpick/internal/promtext"
-
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +11,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvpick/kvpick/internal/dataplane"
+	"github.com/kvpick/kvpick/internal/progress"
+	"github.com/kvpick/kvpick/internal/promtext"
 )
 
 // ThroughputOptions configure the throughput scenario.
@@ -153,7 +155,7 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 	res.Options.RepeatBodies = o.RepeatBodies
 
 	pool := NewChatPool(o.Seed, o.Conversations, o.SystemPrompts, o.Variants, o.BodyBytes)
-	reqs := make([]*Request, len(pool.Bodies))
+	reqs := make([]*dataplane.Prepared, len(pool.Bodies))
 	for i, b := range pool.Bodies {
 		reqs[i] = NewRequest(b, o.ChunkBytes, fmt.Sprintf("loadgen-%d", i))
 	}
@@ -184,15 +186,14 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 			ws := &stats[w]
 			ws.dests = map[string]int64{}
 			rng := rand.New(rand.NewPCG(o.Seed, uint64(w)+1))
-			stub := c.Stub(w)
-			var stamped Request
+			var stamped dataplane.Prepared
 			for phase.Load() != phaseStop && wctx.Err() == nil {
 				i := rng.IntN(len(reqs))
 				req := reqs[i]
 				if !o.RepeatBodies {
-					req = req.Stamp(&stamped, pool.NonceAt[i], rng.Uint64())
+					req = StampNonce(req, &stamped, pool.NonceAt[i], rng.Uint64())
 				}
-				added, dest, err := c.Exchange(wctx, stub, req)
+				added, dest, err := c.Exchange(wctx, w, req)
 				if err != nil {
 					if wctx.Err() != nil {
 						return
@@ -215,7 +216,7 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 
 	start := time.Now()
 	var windowStartNS atomic.Int64 // read by the progress bar
-	prog := StartProgress(o.Progress, "throughput", func() (float64, string) {
+	prog := progress.Start(o.Progress, "throughput", func() (float64, string) {
 		el := time.Since(start)
 		f := float64(el) / float64(o.Warmup+o.Duration)
 		what := "measuring"
@@ -236,12 +237,12 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 		}
 	}
 	if err := sleep(o.Warmup); err != nil {
-		prog.Stop()
+		prog.Stop("")
 		return nil, err
 	}
 	before, err := t.Sample(ctx, scr)
 	if err != nil {
-		prog.Stop()
+		prog.Stop("")
 		return nil, fmt.Errorf("scrape before the window: %w", err)
 	}
 	clientBefore := SelfCPU()
@@ -275,7 +276,7 @@ func RunThroughput(ctx context.Context, t *Target, o ThroughputOptions) (*Throug
 	after, serr := t.Sample(ctx, scr)
 	wg.Wait()
 	profWG.Wait()
-	prog.Stop()
+	prog.Stop("")
 	if err != nil {
 		return nil, err
 	}
