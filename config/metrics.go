@@ -79,6 +79,8 @@ func (m *ModelServerMetrics) validate() error {
 		return fmt.Errorf("pool.metrics.refreshInterval %v: want at least 1ms (or 0 to disable scraping)", m.RefreshInterval.D())
 	case !strings.HasPrefix(m.Path, "/"):
 		return fmt.Errorf("pool.metrics.path %q: want an absolute path such as /metrics", m.Path)
+	case strings.ContainsFunc(m.Path, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return fmt.Errorf("pool.metrics.path %q: spaces and control characters must be %%-encoded", m.Path)
 	case m.Timeout <= 0:
 		return fmt.Errorf("pool.metrics.timeout %v: want more than 0", m.Timeout.D())
 	case m.StalenessThreshold < 2*m.RefreshInterval:

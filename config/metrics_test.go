@@ -29,6 +29,8 @@ func TestModelServerMetricsConfig(t *testing.T) {
 		{"negative interval", "pool:\n  metrics:\n    refreshInterval: -1s\n", "pool.metrics.refreshInterval -1s: must not be negative"},
 		{"sub-millisecond interval", "pool:\n  metrics:\n    refreshInterval: 100us\n", "pool.metrics.refreshInterval 100µs: want at least 1ms"},
 		{"relative path", "pool:\n  metrics:\n    path: metrics\n", `pool.metrics.path "metrics": want an absolute path`},
+		{"path with a space", "pool:\n  metrics:\n    path: '/metrics page'\n", `pool.metrics.path "/metrics page": spaces and control characters must be %-encoded`},
+		{"path with a query", "pool:\n  metrics:\n    path: '/metrics?name[]=vllm:num_requests_waiting'\n", ""},
 		{"no timeout", "pool:\n  metrics:\n    timeout: 0s\n", "pool.metrics.timeout 0s: want more than 0"},
 		{"staleness under two intervals", "pool:\n  metrics:\n    refreshInterval: 1s\n",
 			"pool.metrics.stalenessThreshold 500ms (--metrics-staleness-threshold): want at least twice refreshInterval 1s (--refresh-metrics-interval)"},

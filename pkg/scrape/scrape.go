@@ -4,19 +4,17 @@
 //
 // Each endpoint has one goroutine that scrapes, waits for the interval, and scrapes again: at
 // most one scrape per endpoint is in flight, a slow or dead server delays only its own loop, and
-// the loops start at random phases so that a large pool is not scraped in one burst. A failed
-// scrape leaves the last good metrics in place; they stop being trusted by themselves when their
-// StaleAt passes.
+// the loops start at random phases so that a large pool is not scraped in one burst. Each loop
+// keeps one keep-alive connection to its server (conn). A failed scrape leaves the last good
+// metrics in place; they stop being trusted by themselves when their StaleAt passes.
 package scrape
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -52,11 +50,12 @@ type Options struct {
 type Scraper struct {
 	cfg      config.ModelServerMetrics
 	schema   *schema
-	client   *http.Client
 	pool     router.Endpoints
 	log      *zap.Logger
 	observer Observer
 	duration prometheus.Histogram
+	// wrapConn, set by tests before Run, wraps every loop's connections.
+	wrapConn func(net.Conn) net.Conn
 
 	mu      sync.Mutex
 	ran     bool
@@ -84,11 +83,6 @@ func New(cfg config.ModelServerMetrics, o Options) (*Scraper, error) {
 		log:      log.With(zap.String("component", "metrics-scraper")),
 		observer: o.Observer,
 		loops:    map[*router.Endpoint]*loop{},
-		client: &http.Client{
-			Transport: newTransport(cfg),
-			// A metrics page is never a redirect: following one would scrape another host.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvpick_model_server_scrape_duration_seconds",
 			Help:    "Time to scrape one endpoint's metrics page: request, body and parse.",
@@ -103,24 +97,6 @@ func New(cfg config.ModelServerMetrics, o Options) (*Scraper, error) {
 		}
 	}
 	return s, nil
-}
-
-// newTransport is the one connection pool of every loop: keep-alive connections, one per
-// endpoint (a loop has at most one scrape in flight; 2 idle per host leave room for the
-// connection of a scrape that timed out while its successor starts), no limit on the total so
-// that a pool of hundreds of endpoints does not churn connections (net/http's default keeps
-// 100 idle connections in all). No compression: on a vLLM page gzip saves the network ~80%
-// but costs the picker more CPU to inflate than the rest of the scrape together.
-func newTransport(cfg config.ModelServerMetrics) *http.Transport {
-	return &http.Transport{
-		Proxy:                 nil, // pod addresses: never through HTTP_PROXY
-		DialContext:           (&net.Dialer{Timeout: cfg.Timeout.D(), KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          0,
-		MaxIdleConnsPerHost:   2,
-		IdleConnTimeout:       max(10*time.Second, 3*cfg.RefreshInterval.D()),
-		DisableCompression:    true,
-		ResponseHeaderTimeout: cfg.Timeout.D(),
-	}
 }
 
 // Enabled reports whether scraping is configured (refreshInterval > 0).
@@ -155,7 +131,6 @@ func (s *Scraper) Run(ctx context.Context) {
 	s.ctx = nil // no loop starts from here on, so the wait below is final
 	s.mu.Unlock()
 	s.running.Wait()
-	s.client.CloseIdleConnections()
 }
 
 // EndpointsChanged implements router.PoolListener: added endpoints get a loop, removed ones
@@ -193,10 +168,13 @@ func (s *Scraper) startLocked(l *loop) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	l.cancel = cancel
 	l.rd = newReader(s.schema)
+	l.conn = newConn(l.ep.Addr, s.cfg.Path)
+	l.conn.wrap = s.wrapConn
 	s.running.Add(1)
 	go func() {
 		defer s.running.Done()
 		defer cancel()
+		defer l.conn.close() // the endpoint left or the picker stops
 		s.loop(ctx, l)
 	}()
 }
@@ -206,6 +184,7 @@ type loop struct {
 	ep     *router.Endpoint
 	cancel context.CancelFunc // set when the goroutine starts
 	rd     *reader
+	conn   *conn
 
 	counts [numResults]atomic.Uint64
 
@@ -246,7 +225,7 @@ func (s *Scraper) scrapeOnce(ctx context.Context, l *loop) {
 	start := time.Now()
 	// Taken before the request leaves: picks after this are requests the page cannot show.
 	picks := l.ep.Picks()
-	body, res, err := s.fetch(ctx, l.ep)
+	body, res, err := s.fetch(ctx, l)
 	if ctx.Err() != nil {
 		putBuf(body)
 		return // the endpoint left the pool or the picker is stopping: nothing to record
@@ -281,43 +260,22 @@ func (s *Scraper) scrapeOnce(ctx context.Context, l *loop) {
 }
 
 // fetch GETs the endpoint's metrics page into a pooled buffer.
-func (s *Scraper) fetch(ctx context.Context, ep *router.Endpoint) (*[]byte, result, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout.D())
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep.Addr+s.cfg.Path, nil)
-	if err != nil {
-		return nil, resultError, err
-	}
-	// The classic text format: what the reader selects lines from (OpenMetrics differs).
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return nil, classify(ctx, err), err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096)) // keep the connection
-		return nil, resultBadStatus, fmt.Errorf("HTTP status %d", resp.StatusCode)
-	}
-	limit := s.cfg.MaxBodyBytes
-	if resp.ContentLength > limit {
-		return nil, resultTooLarge, fmt.Errorf("Content-Length %d over pool.metrics.maxBodyBytes %d", resp.ContentLength, limit)
-	}
-	buf := getBuf(resp.ContentLength)
-	res, err := readBody(resp.Body, buf, limit)
+func (s *Scraper) fetch(ctx context.Context, l *loop) (*[]byte, result, error) {
+	buf := getBuf()
+	res, err := l.conn.get(ctx, s.cfg.Timeout.D(), s.cfg.MaxBodyBytes, buf)
 	if err != nil {
 		putBuf(buf)
-		if res == resultError {
-			res = classify(ctx, err)
-		}
 		return nil, res, err
 	}
 	return buf, resultOK, nil
 }
 
-// readBody reads r into *buf, at most limit bytes.
-func readBody(r io.Reader, buf *[]byte, limit int64) (result, error) {
+// readBody reads r into *buf, at most limit bytes; size is the announced length (-1: unknown).
+func readBody(r io.Reader, size int64, buf *[]byte, limit int64) (result, error) {
 	b := (*buf)[:0]
+	if size >= 0 && int64(cap(b)) < min(size, limit)+1 {
+		b = make([]byte, 0, min(size, limit)+1) // +1: room to see the end without growing
+	}
 	defer func() { *buf = b }()
 	for {
 		if len(b) == cap(b) {
@@ -337,29 +295,15 @@ func readBody(r io.Reader, buf *[]byte, limit int64) (result, error) {
 	}
 }
 
-func classify(ctx context.Context, err error) result {
-	var ne net.Error
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
-		(errors.As(err, &ne) && ne.Timeout()) {
-		return resultTimeout
-	}
-	return resultError
-}
-
 // Body buffers are pooled: few scrapes are in flight at once, so a few buffers serve hundreds
 // of endpoints.
 var bufs sync.Pool
 
-func getBuf(contentLength int64) *[]byte {
-	p, _ := bufs.Get().(*[]byte)
-	if p == nil {
-		b := make([]byte, 0, 64<<10)
-		p = &b
+func getBuf() *[]byte {
+	if p, _ := bufs.Get().(*[]byte); p != nil {
+		return p
 	}
-	if contentLength > 0 && int64(cap(*p)) < contentLength+1 {
-		*p = make([]byte, 0, contentLength+1) // +1: room to see EOF without growing
-	}
-	return p
+	return new([]byte)
 }
 
 func putBuf(p *[]byte) {

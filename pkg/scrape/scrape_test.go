@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -335,8 +335,9 @@ func TestSlowEndpointDelaysNoOther(t *testing.T) {
 	}
 }
 
-// Scrapes time out and start again one at a time: the scraper never has two requests to one
-// server open (the server may take a moment to notice that a timed-out request was abandoned).
+// Scrapes time out and start again one at a time: the scraper never has two connections to one
+// server open (the server may take a moment to notice that a timed-out request was abandoned,
+// so the test counts on the scraper's side).
 func TestTimedOutScrapesDoNotPileUp(t *testing.T) {
 	page := VLLMPage{Waiting: []int{1}, Running: []int{1}, KVUsage: []float64{0.1}}.Render()
 	slow := newPageServer(t, page)
@@ -344,54 +345,41 @@ func TestTimedOutScrapesDoNotPileUp(t *testing.T) {
 	cfg := testCfg()
 	cfg.Timeout = config.Duration(20 * time.Millisecond)
 	p := pool.New()
-	s, err := New(cfg, Options{Pool: p, Log: zap.NewNop()})
+	reg := prometheus.NewRegistry()
+	s, err := New(cfg, Options{Pool: p, Log: zap.NewNop(), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &countingTransport{next: s.client.Transport}
-	s.client.Transport = rt
+	var open, maxOpen atomic.Int64
+	s.wrapConn = func(c net.Conn) net.Conn {
+		n := open.Add(1)
+		for m := maxOpen.Load(); n > m && !maxOpen.CompareAndSwap(m, n); m = maxOpen.Load() {
+		}
+		return &closeCounter{Conn: c, open: &open}
+	}
 	p.Listen(s)
 	p.Set([]string{slow.addr()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, "5 timed-out requests", func() bool { return rt.timeouts.Load() >= 5 })
-	if n := rt.maxOpen.Load(); n != 1 {
-		t.Fatalf("%d requests open at once, want 1", n)
+	h := &harness{t: t, s: s, reg: reg}
+	waitFor(t, "5 timeouts", func() bool { return h.count(slow.addr(), resultTimeout) >= 5 })
+	if n := maxOpen.Load(); n != 1 {
+		t.Fatalf("%d connections open at once, want 1", n)
 	}
 }
 
-// countingTransport counts the requests open at once (sent, body not closed yet).
-type countingTransport struct {
-	next          http.RoundTripper
-	open, maxOpen atomic.Int64
-	timeouts      atomic.Int64
-}
-
-func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	n := c.open.Add(1)
-	for m := c.maxOpen.Load(); n > m && !c.maxOpen.CompareAndSwap(m, n); m = c.maxOpen.Load() {
-	}
-	resp, err := c.next.RoundTrip(r)
-	if err != nil {
-		c.open.Add(-1)
-		c.timeouts.Add(1)
-		return nil, err
-	}
-	resp.Body = &closeCounter{ReadCloser: resp.Body, c: c}
-	return resp, nil
-}
-
+// closeCounter counts a connection's close.
 type closeCounter struct {
-	io.ReadCloser
-	c    *countingTransport
+	net.Conn
+	open *atomic.Int64
 	once sync.Once
 }
 
-func (b *closeCounter) Close() error {
-	b.once.Do(func() { b.c.open.Add(-1) })
-	return b.ReadCloser.Close()
+func (c *closeCounter) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 // Endpoints that join get a loop, endpoints that leave lose it, and nothing is left running
@@ -567,5 +555,61 @@ func TestDisabledScraperDoesNothing(t *testing.T) {
 	s.Run(context.Background()) // returns at once
 	if srv.hits.Load() != 0 || len(s.loops) != 0 {
 		t.Fatal("a disabled scraper must not scrape")
+	}
+}
+
+// The connection copes with the ways servers end or shape their answers: every scrape succeeds.
+func TestConnectionHandling(t *testing.T) {
+	page := VLLMPage{Waiting: []int{1}, Running: []int{2}, KVUsage: []float64{0.5}}.Render()
+	tests := []struct {
+		name    string
+		handler http.HandlerFunc
+		server  func(*httptest.Server)
+	}{
+		{"Connection: close after every answer", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Connection", "close")
+			_, _ = w.Write(page)
+		}, nil},
+		{"server drops idle connections between scrapes", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write(page)
+		}, func(s *httptest.Server) { s.Config.IdleTimeout = time.Millisecond }},
+		{"chunked answer in pieces", func(w http.ResponseWriter, r *http.Request) {
+			for p := page; len(p) > 0; {
+				n := min(len(p), 1000)
+				_, _ = w.Write(p[:n])
+				w.(http.Flusher).Flush()
+				p = p[n:]
+			}
+		}, nil},
+		{"request line and headers as sent", func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != "GET" || r.URL.RequestURI() != "/metrics?name[]=x" || r.Host != r.Context().Value(http.LocalAddrContextKey).(net.Addr).String() ||
+				r.Header.Get("Accept") != "text/plain;version=0.0.4" || r.Header.Get("Accept-Encoding") != "" {
+				w.WriteHeader(400)
+				return
+			}
+			_, _ = w.Write(page)
+		}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewUnstartedServer(tc.handler)
+			if tc.server != nil {
+				tc.server(srv)
+			}
+			srv.Start()
+			defer srv.Close()
+			addr := strings.TrimPrefix(srv.URL, "http://")
+			cfg := testCfg()
+			if strings.HasPrefix(tc.name, "request line") {
+				cfg.Path = "/metrics?name[]=x"
+			}
+			h := start(t, cfg, addr)
+			waitFor(t, "20 good scrapes", func() bool { return h.count(addr, resultOK) >= 20 })
+			for r := resultError; r < numResults; r++ {
+				if n := h.count(addr, r); n > 0 {
+					t.Errorf("%v %s scrapes", n, r)
+				}
+			}
+		})
 	}
 }
