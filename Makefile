@@ -28,7 +28,7 @@ kube-assets:
 
 ## test-kube: only the tests against a real API server (Kubernetes discovery, HA, the CRDs,
 ## the manifests' server-side dry runs)
-KUBE_PKGS ?= ./internal/kubetest ./pkg/discovery ./e2e/kubeapi ./manifests
+KUBE_PKGS ?= ./internal/kubetest ./pkg/discovery ./pkg/ha ./e2e/kubeapi ./manifests
 test-kube:
 	@assets="$${KUBE_ASSETS:-$$(./hack/kube-binaries.sh)}" || exit 1; \
 	KUBE_ASSETS="$$assets" KUBE_ASSETS_REQUIRED=1 $(GO) test -race -count=1 -timeout 20m $(KUBE_PKGS)

@@ -14,10 +14,12 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/zapr"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
+	"k8s.io/klog/v2"
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/compatflags"
@@ -149,6 +151,10 @@ func run(args []string) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	if kube != nil {
+		// client-go logs through klog (watch errors, a forbidden list): into the same JSON log.
+		klog.SetLogger(zapr.NewLogger(log.Named("client-go")))
+	}
 	if ignored := compat.IgnoredSet(); len(ignored) > 0 {
 		log.Info("accepted and ignored: flags of the reference endpoint picker that this picker does not use (docs/deploy.md)", zap.Strings("flags", ignored))
 	}
