@@ -221,7 +221,7 @@ func (d *Duplex) ResponseHeaders(m *Encoded) (*Immediate, error) {
 
 // ResponseChunk sends one upstream body chunk (PrepareResponseChunk) and reads answers until
 // the server has re-emitted as many bytes as were sent so far, and the end if this chunk is the
-// last: the picker passes a response through chunk by chunk (docs/protocol.md:52-53), so a
+// last (or until it re-emits the end: ResponseBody then tells whether every byte came back): the picker passes a response through chunk by chunk (docs/protocol.md:52-53), so a
 // server that holds chunks back keeps this call waiting. A body answer that is not a
 // streamed_response or is too large, or an end_of_stream before the last chunk, is a
 // *ProtocolError; an immediate response is an *ImmediateError.
@@ -231,7 +231,8 @@ func (d *Duplex) ResponseChunk(m *Encoded) error {
 	} else if !ended {
 		d.respSent += m.body
 	}
-	for d.respBack < d.respSent || (m.eos && !d.respEOS) {
+	// Once the server has re-emitted the end, nothing more comes: the caller compares the counts.
+	for !d.respEOS && (d.respBack < d.respSent || m.eos) {
 		if err := d.recv(); err == io.EOF {
 			return ErrServerGone
 		} else if err != nil {

@@ -208,12 +208,18 @@ func bodyOf(t *testing.T, p *Prepared) []byte {
 			t.Fatal(err)
 		}
 		body = append(body, m.GetRequestBody().GetBody()...)
+		if !proto.Equal(&m, p.msgs[1+i]) {
+			t.Fatalf("chunk %d: the encoding is not the message", i)
+		}
 		if m.GetRequestBody().GetEndOfStream() != (i == len(p.enc)-2) {
 			t.Fatalf("end_of_stream on chunk %d of %d", i, len(p.enc)-1)
 		}
 		if e.BodyLen() != len(m.GetRequestBody().GetBody()) {
 			t.Fatalf("chunk %d: BodyLen %d, body %d bytes", i, e.BodyLen(), len(m.GetRequestBody().GetBody()))
 		}
+	}
+	if !bytes.Equal(body, p.Body()) {
+		t.Fatal("Body differs from the encoded body")
 	}
 	return body
 }

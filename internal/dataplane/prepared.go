@@ -48,6 +48,15 @@ func Prepare(req *HTTPRequest, chunkSize int) *Prepared {
 // BodyLen is the body's length.
 func (p *Prepared) BodyLen() int { return p.bodyLen }
 
+// Body returns a copy of the body the messages carry.
+func (p *Prepared) Body() []byte {
+	out := make([]byte, 0, p.bodyLen)
+	for _, m := range p.msgs[1:] {
+		out = append(out, m.GetRequestBody().GetBody()...)
+	}
+	return out
+}
+
 // SetBody replaces the body (and the content-length header, if the request has one), reusing
 // the messages and their buffers: for generators that keep one Prepared per worker.
 func (p *Prepared) SetBody(body []byte) { p.setBody(body) }
@@ -86,7 +95,8 @@ func (p *Prepared) setBody(body []byte) {
 // is reused from one call to the next: stamp a new copy only once the previous one is no longer
 // being sent. Bytes outside the body are ignored.
 func (p *Prepared) Stamp(into *Prepared, at int, b []byte) *Prepared {
-	into.msgs, into.bodyLen, into.chunkSize = p.msgs, p.bodyLen, p.chunkSize
+	into.bodyLen, into.chunkSize = p.bodyLen, p.chunkSize
+	into.msgs = append(into.msgs[:0], p.msgs...)
 	into.enc = append(into.enc[:0], p.enc...)
 	if at < 0 || len(b) == 0 || at+len(b) > p.bodyLen {
 		return into
@@ -105,9 +115,10 @@ func (p *Prepared) Stamp(into *Prepared, at int, b []byte) *Prepared {
 			}
 		}
 		into.own[k-first] = buf
+		m := bodyMessage(true, buf, src.GetRequestBody().GetEndOfStream(), src.GetMetadataContext())
 		e := &into.ownEnc[k-first]
-		e.set(bodyMessage(true, buf, src.GetRequestBody().GetEndOfStream(), src.GetMetadataContext()))
-		into.enc[1+k] = e
+		e.set(m)
+		into.msgs[1+k], into.enc[1+k] = m, e
 	}
 	return into
 }
