@@ -22,6 +22,7 @@ type Pool struct {
 	freeSlots []int
 	nextSlot  int
 	listeners []router.PoolListener
+	onAdd     []func(*router.Endpoint)
 
 	snap   atomic.Pointer[[]*router.Endpoint]
 	lookup atomic.Pointer[map[string]*router.Endpoint]
@@ -45,6 +46,16 @@ func (p *Pool) Listen(l router.PoolListener) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.listeners = append(p.listeners, l)
+}
+
+// OnAdd registers f to run on every endpoint that joins the pool from now on, before the pool
+// publishes it: what f sets (the health checker marks it unhealthy until its first good probe)
+// holds before any request can pick the endpoint. f runs under the pool's lock: it must be
+// quick and must not change the pool (Set, Listen, OnAdd).
+func (p *Pool) OnAdd(f func(*router.Endpoint)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onAdd = append(p.onAdd, f)
 }
 
 // Snapshot returns the current endpoints, ordered by address. Do not modify it.
@@ -78,6 +89,9 @@ func (p *Pool) Set(addrs []string) {
 			continue
 		}
 		ep := router.NewEndpoint(a, p.takeSlot())
+		for _, f := range p.onAdd {
+			f(ep)
+		}
 		p.byAddr[a] = ep
 		added = append(added, ep)
 	}

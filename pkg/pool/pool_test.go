@@ -125,3 +125,27 @@ func TestConcurrentReadersSeeConsistentSnapshots(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestOnAddRunsBeforeTheEndpointIsVisible: what an OnAdd hook sets on a new endpoint holds before
+// any reader of the pool can see the endpoint, and endpoints that stay are not passed again.
+func TestOnAddRunsBeforeTheEndpointIsVisible(t *testing.T) {
+	p := New()
+	var seen []string
+	p.OnAdd(func(e *router.Endpoint) {
+		if p.Lookup(e.Addr) != nil || len(p.Snapshot()) != len(seen) {
+			t.Errorf("%s is visible before its OnAdd hook ran", e.Addr)
+		}
+		e.SetHealthy(false)
+		seen = append(seen, e.Addr)
+	})
+	p.Set([]string{"10.0.0.1:8000"})
+	p.Set([]string{"10.0.0.1:8000", "10.0.0.2:8000"})
+	if strings.Join(seen, ",") != "10.0.0.1:8000,10.0.0.2:8000" {
+		t.Fatalf("hook ran for %v, want each new endpoint once", seen)
+	}
+	for _, e := range p.Snapshot() {
+		if e.Healthy() {
+			t.Fatalf("%s published without what its hook set", e.Addr)
+		}
+	}
+}

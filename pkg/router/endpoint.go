@@ -97,8 +97,10 @@ func (e *Endpoint) Removed() bool { return e.removed.Load() }
 // MarkRemoved is called by the pool before it tells listeners about the removal.
 func (e *Endpoint) MarkRemoved() { e.removed.Store(true) }
 
-// Healthy reports whether the endpoint passes its health checks. New endpoints are healthy
-// until a check says otherwise, so that a fresh picker routes at once.
+// Healthy reports whether the endpoint passes its health checks. A new endpoint is healthy
+// unless a pool hook marks it otherwise before the pool publishes it: with health checks on,
+// the checker does (pkg/healthcheck, pool.OnAdd), so an endpoint is unhealthy until its first
+// good probe; with them off, endpoints are healthy at once.
 func (e *Endpoint) Healthy() bool { return !e.unhealthy.Load() }
 
 // SetHealthy records the health checker's verdict.

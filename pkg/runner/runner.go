@@ -207,14 +207,16 @@ func Run(ctx context.Context, o Options) error {
 		}
 		errc <- nil
 	}()
+	hctx, stopChecks := context.WithCancel(ctx)
+	defer stopChecks()
+	// Before the pool is populated, so that every endpoint is unhealthy until its first good
+	// probe (when health checks are on).
+	healthcheck.New(o.Config.Pool.HealthCheck, log).Watch(hctx, pk.Pool)
 	if kube != nil {
 		kube.start()
 	} else {
 		gate.Set(static)
 	}
-	hctx, stopChecks := context.WithCancel(ctx)
-	defer stopChecks()
-	go healthcheck.New(o.Config.Pool.HealthCheck, pk.Pool, log).Run(hctx)
 	go pk.Scraper.Run(hctx)
 	log.Info("picker serving",
 		zap.Stringer("ext_proc", gl.Addr()), zap.Stringer("health", hl.Addr()), zap.Stringer("metrics", ml.Addr()),
