@@ -137,3 +137,26 @@ func TestSVGFitsItsTitleWithOneWorkload(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallCachesScaleTheLoadWithTheCaches: 768-1,856 blocks evenly spread average 1,312, so
+// the small-caches scenario runs every workload at 1,312 / 4,096 = 0.3203 of its requests and
+// rate: shared-prefix 1,600 → 513 requests (512.5 rounded), 28.8 → 9.225 req/s.
+func TestSmallCachesScaleTheLoadWithTheCaches(t *testing.T) {
+	o := &Options{Engines: 8}
+	var small Scenario
+	for _, sc := range StandardScenarios() {
+		if sc.Name == "small-caches" {
+			small = sc
+		}
+	}
+	k, err := o.size("shared-prefix", small, EngineConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.requests != 513 || math.Abs(k.rate-9.225) > 1e-9 {
+		t.Fatalf("small caches: %d requests at %v/s, want 513 at 9.225", k.requests, k.rate)
+	}
+	if k, _ := o.size("shared-prefix", DefaultScenario(), EngineConfig()); k.requests != 0 || k.rate != 0 {
+		t.Fatalf("default scenario: %+v, want the workload's own defaults (0)", k)
+	}
+}

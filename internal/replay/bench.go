@@ -72,6 +72,11 @@ type Scenario struct {
 	// KVBlocks spreads num_gpu_blocks over the engines (ParseKVBlocks); "" keeps the engine
 	// model's.
 	KVBlocks string `json:"kvBlocks,omitempty"`
+	// LoadFollowsCaches scales every generated workload's requests and rate by the engines'
+	// mean num_gpu_blocks over the engine model's: KV memory bounds the batch, so engines with
+	// a third of the memory serve about a third of the load (and the distinct prefixes keep
+	// their share of the pool's cache).
+	LoadFollowsCaches bool `json:"loadFollowsCaches,omitempty"`
 	// CapacityFactor, when > 0, sets the picker's lruCapacityPerEndpoint to this multiple of
 	// the engines' mean num_gpu_blocks.
 	CapacityFactor float64 `json:"capacityFactor,omitempty"`
@@ -98,9 +103,12 @@ func StandardScenarios() []Scenario {
 	mixed := d
 	mixed.Name, mixed.About = "mixed", "half the requests not streamed (their headers come at the end), half the streams with usage"
 	mixed.Streaming = StreamMix{Fraction: 0.5, UsageFraction: 0.5}
+	// The in-process policies never see a response: under any stream mix they route exactly as
+	// in default, so only the picker runs again.
+	mixed.Policies, mixed.BaselinesFrom = []string{KVPick}, d.Name
 	small := d
-	small.Name, small.About = "small-caches", "8 engines of 768-1,856 KV blocks, spread evenly"
-	small.KVBlocks = SmallCaches
+	small.Name, small.About = "small-caches", "KV caches of 768-1,856 blocks spread over the engines; requests and rate x0.32 (their mean / 4,096)"
+	small.KVBlocks, small.LoadFollowsCaches = SmallCaches, true
 	over := small
 	over.Name, over.About = "capacity-x10", "small caches; the picker configured with 10x their mean num_gpu_blocks"
 	over.CapacityFactor, over.Policies, over.BaselinesFrom = 10, []string{KVPick}, small.Name
@@ -307,21 +315,25 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 	}
 	for _, seed := range o.Seeds {
 		for _, name := range names {
-			gens := map[StreamMix]*Workload{}
+			gens := map[workloadSize]*Workload{}
 			for _, sc := range o.Scenarios {
 				w := trace
 				if trace == nil || name != trace.Name {
-					if w = gens[sc.Streaming]; w == nil {
+					k, err := o.size(name, sc, ecfg)
+					if err != nil {
+						return nil, err
+					}
+					k.mix = sc.Streaming
+					if w = gens[k]; w == nil {
 						o.progressf("generating %s (seed %d)...\n", name, seed)
-						var err error
 						mix := sc.Streaming
-						if w, err = Generate(name, Spec{Seed: seed, Engines: o.Engines, Requests: o.Requests, Rate: o.Rate,
+						if w, err = Generate(name, Spec{Seed: seed, Engines: o.Engines, Requests: k.requests, Rate: k.rate,
 							ErrorRate: o.ErrorRate, Engine: ecfg, Streaming: &mix}); err != nil {
 							return nil, err
 						}
-						// One generation per stream mix (two in the standard scenarios: the
-						// largest workload takes ~150 MB).
-						gens[sc.Streaming] = w
+						// One generation per stream mix and size (three in the standard
+						// scenarios; the largest workload takes ~150 MB).
+						gens[k] = w
 						rep.Workload = append(rep.Workload, WorkloadInfo{Name: w.Name, Seed: seed, About: w.About,
 							Requests: len(w.Requests), Rate: w.Rate, Params: w.Params})
 					}
@@ -344,6 +356,40 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep.Elapsed = time.Since(rep.Started).Seconds()
 	return rep, nil
+}
+
+// workloadSize is what a generated workload depends on besides its name and seed.
+type workloadSize struct {
+	mix      StreamMix
+	requests int     // 0: the workload's default
+	rate     float64 // 0: the workload's default
+}
+
+// size returns a generated workload's requests and rate in a scenario: the flags' (or the
+// workload's defaults), scaled with the caches when the scenario says so.
+func (o *Options) size(name string, sc Scenario, ecfg engine.Config) (k workloadSize, err error) {
+	k.requests, k.rate = o.Requests, o.Rate
+	if !sc.LoadFollowsCaches {
+		return k, nil
+	}
+	n, r, err := DefaultSize(name, o.Engines)
+	if err != nil {
+		return k, err
+	}
+	if k.requests == 0 {
+		k.requests = n
+	}
+	if k.rate == 0 {
+		k.rate = r
+	}
+	blocks, err := ParseKVBlocks(sc.KVBlocks, o.Engines)
+	if err != nil {
+		return k, err
+	}
+	scale := meanBlocks(blocks, ecfg) / float64(ecfg.NumGPUBlocks)
+	k.requests = max(1, int(math.Round(float64(k.requests)*scale)))
+	k.rate *= scale
+	return k, nil
 }
 
 func (o *Options) progressf(format string, args ...any) {

@@ -107,7 +107,8 @@ type Summary struct {
 	PeakInFlight      []int   `json:"peakInFlight"`
 	RequestImbalance  float64 `json:"requestImbalance"`
 	PeakImbalance     float64 `json:"peakImbalance"`
-	// PrefillUtil is the fraction of the arrival window the engines' prefill queues were busy;
+	// PrefillUtil is the fraction of the arrival window the engines spent prefilling (per
+	// engine, the union of its requests' prefill intervals);
 	// BatchUtil the mean over the window of each engine's fuller resource, batch slots
 	// (running / MaxNumSeqs) or KV blocks held by running requests (vllm:kv_cache_usage_perc).
 	// Util is the larger of the two: how busy the pool was.

@@ -287,7 +287,9 @@ func TestFailedRequestsCreateNoAffinity(t *testing.T) {
 	}
 	okShare, okHits := run(false)
 	failShare, failHits := run(true)
-	if okShare < 0.8 || okHits == 0 {
+	// 4 engines: without affinity a quarter each. The picker trades affinity against load (the
+	// background keeps the engines uneven), so the control asks for a clear majority, not all.
+	if okShare < 0.6 || okHits == 0 {
 		t.Fatalf("control: successful requests of a group should stick (share %.2f, predicted hits %v)", okShare, okHits)
 	}
 	if failHits != 0 {
