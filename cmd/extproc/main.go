@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -51,7 +52,9 @@ func run(args []string) error {
 	// Conventional endpoint-picker ports: gateways, charts and scripts rely on them.
 	grpcPort := fs.Int("grpc-port", 9002, "ext_proc gRPC port (also serves gRPC health for the proxy's cluster health check)")
 	healthPort := fs.Int("grpc-health-port", 9003, "gRPC health port (services \"\", liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor)")
-	metricsPort := fs.Int("metrics-port", 9090, "HTTP port for /metrics and /debug/pprof/")
+	metricsBind := fs.String("metrics-bind-address", defaultMetricsAddr, "host:port for the HTTP server of /metrics (and /debug/pprof/ with --enable-pprof): \":9090\" on every interface, \"127.0.0.1:9090\" on loopback only; wins over --metrics-port")
+	metricsPort := fs.Int("metrics-port", 9090, "port for /metrics on every interface, used when --metrics-bind-address is not given (kept for compatibility)")
+	enablePprof := fs.Bool("enable-pprof", false, "serve /debug/pprof/ on the metrics address (profiles expose the process's internals: keep that address private)")
 	configFile := fs.String("config-file", "", "YAML configuration file; empty uses the built-in defaults (config/default.yaml)")
 	endpoints := fs.String("endpoints", "", "static pool as ip:port,ip:port (overrides pool.endpoints in the config file)")
 	secure := fs.Bool("secure-serving", true, "serve ext_proc over TLS (self-signed unless --cert-path is set); false for plaintext")
@@ -74,6 +77,9 @@ func run(args []string) error {
 	// The reference picker's flags, last: a flag defined above is never shadowed.
 	compat := compatflags.Register(fs)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // the usage is printed; asking for it is no error
+		}
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -100,6 +106,10 @@ func run(args []string) error {
 	}
 	if !set["log-level"] && compatLog.Level != nil {
 		level = *compatLog.Level
+	}
+	metricsAddr, err := metricsAddress(set, *metricsBind, *metricsPort)
+	if err != nil {
+		return err
 	}
 	if *certPath != "" && !*secure {
 		return fmt.Errorf("--cert-path is set but --secure-serving=false")
@@ -164,7 +174,8 @@ func run(args []string) error {
 	return runner.Run(ctx, runner.Options{
 		GRPCAddr:      listenAddr(*grpcPort),
 		HealthAddr:    listenAddr(*healthPort),
-		MetricsAddr:   listenAddr(*metricsPort),
+		MetricsAddr:   metricsAddr,
+		EnablePprof:   *enablePprof,
 		Config:        cfg,
 		SecureServing: *secure,
 		CertPath:      *certPath,
@@ -174,3 +185,26 @@ func run(args []string) error {
 }
 
 func listenAddr(port int) string { return net.JoinHostPort("", strconv.Itoa(port)) }
+
+// defaultMetricsAddr is the conventional endpoint-picker metrics port on every interface.
+const defaultMetricsAddr = ":9090"
+
+// metricsAddress is where /metrics listens: --metrics-bind-address when given, else
+// --metrics-port (or its chart alias metricsPort) on every interface, else the default. set
+// holds the names of the flags given.
+func metricsAddress(set map[string]bool, bind string, port int) (string, error) {
+	if !set["metrics-bind-address"] {
+		if set["metrics-port"] || set["metricsPort"] {
+			return listenAddr(port), nil
+		}
+		return defaultMetricsAddr, nil
+	}
+	_, p, err := net.SplitHostPort(bind)
+	if err != nil {
+		return "", fmt.Errorf("--metrics-bind-address %q: want host:port, such as :9090 or 127.0.0.1:9090", bind)
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 0 || n > 65535 {
+		return "", fmt.Errorf("--metrics-bind-address %q: port %q is not in 0..65535 (0 picks a free port)", bind, p)
+	}
+	return bind, nil
+}

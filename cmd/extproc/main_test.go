@@ -36,6 +36,7 @@ func TestBadFlagsAndConfigNameTheProblem(t *testing.T) {
 		{"bad drain timeout", []string{"--drain-timeout", "0s"}, "drainTimeout"},
 		{"unknown flag", []string{"--grpc-prot", "1"}, "grpc-prot"},
 		{"port out of range", []string{"--metrics-port", "70000"}, "--metrics-port"},
+		{"bad metrics bind address", []string{"--metrics-bind-address", "localhost"}, "--metrics-bind-address"},
 		{"bad log level", []string{"--log-level", "loud"}, "--log-level"},
 		{"bad endpoint", []string{"--endpoints", "10.0.0.1:8000,nonsense"}, `pool.endpoints[1] "nonsense"`},
 		{"missing config file", []string{"--config-file", filepath.Join(dir, "none.yaml")}, "none.yaml"},
@@ -52,6 +53,54 @@ func TestBadFlagsAndConfigNameTheProblem(t *testing.T) {
 			err := run(tc.args)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("run(%q) = %v, want an error mentioning %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestHelpExitsZero(t *testing.T) {
+	for _, arg := range []string{"--help", "-h"} {
+		if err := run([]string{arg}); err != nil {
+			t.Errorf("run(%q) = %v, want nil (exit 0)", arg, err)
+		}
+	}
+}
+
+// TestMetricsAddressPrecedence: --metrics-bind-address wins; --metrics-port (or the chart's
+// metricsPort) still works alone; neither means :9090 on every interface.
+func TestMetricsAddressPrecedence(t *testing.T) {
+	tests := []struct {
+		name    string
+		set     []string
+		bind    string
+		port    int
+		want    string
+		wantErr string
+	}{
+		{"default", nil, ":9090", 9090, ":9090", ""},
+		{"port alone", []string{"metrics-port"}, ":9090", 9191, ":9191", ""},
+		{"chart alias alone", []string{"metricsPort"}, ":9090", 9191, ":9191", ""},
+		{"bind address alone", []string{"metrics-bind-address"}, "127.0.0.1:9090", 9090, "127.0.0.1:9090", ""},
+		{"bind address wins over the port", []string{"metrics-bind-address", "metrics-port"}, "127.0.0.1:9292", 9191, "127.0.0.1:9292", ""},
+		{"IPv6 loopback", []string{"metrics-bind-address"}, "[::1]:0", 9090, "[::1]:0", ""},
+		{"no port", []string{"metrics-bind-address"}, "127.0.0.1", 9090, "", "want host:port"},
+		{"port out of range", []string{"metrics-bind-address"}, ":70000", 9090, "", "not in 0..65535"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			set := map[string]bool{}
+			for _, n := range tc.set {
+				set[n] = true
+			}
+			got, err := metricsAddress(set, tc.bind, tc.port)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "--metrics-bind-address") {
+					t.Fatalf("err = %v, want one naming --metrics-bind-address and %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("metricsAddress = %q, %v; want %q", got, err, tc.want)
 			}
 		})
 	}

@@ -76,7 +76,9 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	args := []string{"--grpc-port=0", "--grpc-health-port=0", "--metrics-port=0", "--secure-serving=false", "--log-level=info"}
+	// --enable-pprof: the load generator profiles the picker and forces its GCs through
+	// /debug/pprof.
+	args := []string{"--grpc-port=0", "--grpc-health-port=0", "--metrics-port=0", "--secure-serving=false", "--log-level=info", "--enable-pprof"}
 	cfgFile := ""
 	if o.Config != nil {
 		var err error

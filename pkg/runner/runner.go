@@ -54,6 +54,9 @@ type Options struct {
 	// Kubernetes, when set, fills the pool from an InferencePool (kube.go) instead of the
 	// configuration's static endpoints, which must then be empty.
 	Kubernetes *Kubernetes
+	// EnablePprof serves /debug/pprof/ on MetricsAddr. Off by default: profiles expose the
+	// process's internals (its command line, what its heap holds).
+	EnablePprof bool
 }
 
 // Picker is a built, not yet serving, picker.
@@ -174,11 +177,13 @@ func Run(ctx context.Context, o Options) error {
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(pk.Registry, promhttp.HandlerOpts{Registry: pk.Registry}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if o.EnablePprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
 	gl, err := net.Listen("tcp", o.GRPCAddr)
@@ -194,7 +199,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		gl.Close()
 		hl.Close()
-		return fmt.Errorf("--metrics-port: %w", err)
+		return fmt.Errorf("--metrics-bind-address: %w", err)
 	}
 
 	errc := make(chan error, 3)

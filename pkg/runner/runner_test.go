@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -22,19 +23,27 @@ import (
 
 func startPicker(t *testing.T, secure bool) (grpcAddr, healthAddr, metricsAddr string, stop func() error) {
 	t.Helper()
+	return startPickerWith(t, secure, nil)
+}
+
+// startPickerWith is startPicker with edit applied to Run's options.
+func startPickerWith(t *testing.T, secure bool, edit func(*Options)) (grpcAddr, healthAddr, metricsAddr string, stop func() error) {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Pool.Endpoints = []string{"127.0.0.1:8001"}
 	cfg.Pool.HealthCheck.Interval = 0 // no server behind the endpoint
 	ready := make(chan [3]string, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Options{
-			GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
-			Config: cfg, SecureServing: secure, Log: zap.NewNop(),
-			Ready: func(g, h, m net.Addr) { ready <- [3]string{g.String(), h.String(), m.String()} },
-		})
-	}()
+	o := Options{
+		GRPCAddr: "127.0.0.1:0", HealthAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
+		Config: cfg, SecureServing: secure, Log: zap.NewNop(),
+		Ready: func(g, h, m net.Addr) { ready <- [3]string{g.String(), h.String(), m.String()} },
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	go func() { done <- Run(ctx, o) }()
 	select {
 	case a := <-ready:
 		return a[0], a[1], a[2], func() error {
@@ -104,8 +113,7 @@ func TestRunServesExtProcHealthAndMetrics(t *testing.T) {
 			}
 
 			for path, want := range map[string]string{
-				"/metrics":      "kvpick_requests_total",
-				"/debug/pprof/": "goroutine",
+				"/metrics": "kvpick_requests_total",
 			} {
 				resp, err := http.Get("http://" + m + path)
 				if err != nil {
@@ -129,5 +137,29 @@ func TestBuildRejectsBadPool(t *testing.T) {
 	cfg.Pool.Endpoints = []string{"10.0.0.1"}
 	if _, err := Build(cfg, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "pool.endpoints[0]") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestPprofIsServedOnlyWhenEnabled: /debug/pprof/ exposes the process's internals (command line,
+// heap contents in profiles): off unless asked for, on the metrics address.
+func TestPprofIsServedOnlyWhenEnabled(t *testing.T) {
+	for _, enabled := range []bool{false, true} {
+		t.Run(fmt.Sprintf("enabled=%v", enabled), func(t *testing.T) {
+			_, _, m, stop := startPickerWith(t, false, func(o *Options) {
+				o.EnablePprof = enabled
+				o.Config.Shutdown.Delay = 0
+			})
+			defer func() { _ = stop() }()
+			resp, err := http.Get("http://" + m + "/debug/pprof/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			served := resp.StatusCode == 200 && strings.Contains(string(b), "goroutine")
+			if served != enabled {
+				t.Fatalf("GET /debug/pprof/: %d (served %v), want served %v", resp.StatusCode, served, enabled)
+			}
+		})
 	}
 }
