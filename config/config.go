@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -142,6 +143,13 @@ func parse(b []byte, base *Config) (*Config, error) {
 	if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
 		return c, nil // an empty file
 	}
+	var generic any
+	if err := json.Unmarshal(j, &generic); err != nil {
+		return nil, describe(err)
+	}
+	if err := checkFields(generic, reflect.TypeFor[Config](), ""); err != nil {
+		return nil, err
+	}
 	// Lists replace the defaults' lists; encoding/json would decode into their old elements.
 	c.Plugins, c.Pool.Endpoints = nil, nil
 	dec := json.NewDecoder(bytes.NewReader(j))
@@ -166,7 +174,7 @@ func parse(b []byte, base *Config) (*Config, error) {
 // describe rewrites encoding/json's errors in the config file's terms.
 func describe(err error) error {
 	if te, ok := err.(*json.UnmarshalTypeError); ok {
-		return fmt.Errorf("field %s: want %s, got %s", te.Field, te.Type, te.Value)
+		return fmt.Errorf("%s: want %s, got %s", te.Field, te.Type, te.Value)
 	}
 	// "json: unknown field \"x\"" → "unknown field \"x\""
 	return fmt.Errorf("%s", bytes.TrimPrefix([]byte(err.Error()), []byte("json: ")))
