@@ -37,9 +37,10 @@ test-kube:
 test-short:
 	$(GO) test -race -short -count=1 $(PKGS)
 
-## bench: the decision-path and memory benchmarks recorded in docs/benchmarks.md
+## bench: the benchmarks recorded in docs/benchmarks.md (decision path, index memory, parser,
+## ext_proc server, model-server scraping)
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./pkg/prefix ./pkg/openai ./pkg/extproc
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./pkg/runner ./pkg/prefix ./pkg/openai ./pkg/extproc ./pkg/scrape
 
 ## fuzz: run every fuzz target of the repository (func Fuzz* in a _test.go file) for FUZZTIME
 ## each (default 60s); go test fuzzes one target of one package at a time

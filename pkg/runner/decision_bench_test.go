@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/zap"
@@ -15,7 +16,10 @@ import (
 
 // benchBody returns a chat body of about size bytes: a 2 KB system prompt shared by every
 // conversation, then turns of conversation conv until the size is reached, then a new question.
-func benchBody(conv, size int) []byte {
+func benchBody(conv, size int) []byte { return benchBodyAsking(conv, size, "and now the final question?") }
+
+// benchBodyAsking is benchBody with the final question q.
+func benchBodyAsking(conv, size int, q string) []byte {
 	var sb strings.Builder
 	sb.WriteString(`{"model":"meta-llama/Llama-3.1-8B-Instruct","stream":true,"max_tokens":256,"messages":[`)
 	sb.WriteString(`{"role":"system","content":"`)
@@ -30,7 +34,7 @@ func benchBody(conv, size int) []byte {
 		}
 		fmt.Fprintf(&sb, `"},{"role":"assistant","content":"Here is what I know about turn %d of %d."}`, turn, conv)
 	}
-	sb.WriteString(`,{"role":"user","content":"and now the final question?"}]}`)
+	sb.WriteString(`,{"role":"user","content":"` + q + `"}]}`)
 	return []byte(sb.String())
 }
 
@@ -69,31 +73,41 @@ func warm(b *testing.B, pk *Picker, endpoints, size int) {
 
 // BenchmarkDecision measures the whole decision path the ext_proc server runs once it has the
 // body: parse, render+hash, index and pending match, filters, scorers, pick, and the stream-end
-// bookkeeping, against a warm index.
+// bookkeeping, against a warm index. Each iteration is a new request, as each stream is: a
+// zero router.Request, a parser from a pool (the server pools them), and a body not seen
+// before — conversation 7's history, held by one endpoint, with a new final question, so that
+// the history matches and the last blocks are new.
 func BenchmarkDecision(b *testing.B) {
-	for _, size := range []int{4 << 10, 64 << 10, 512 << 10} {
+	for _, size := range []int{4 << 10, 16 << 10, 64 << 10, 512 << 10} {
 		for _, endpoints := range []int{8, 64, 256} {
 			b.Run(fmt.Sprintf("body=%dKB/endpoints=%d", size>>10, endpoints), func(b *testing.B) {
 				pk := benchPipeline(b, endpoints)
 				warm(b, pk, endpoints, size)
-				body := benchBody(7, size) // conversation 7, held by one endpoint
-				req := &router.Request{}
-				var parsed openai.Request
-				b.SetBytes(int64(len(body)))
+				// Distinct bodies, cycled: as many as fit in 32 MiB (at least 8), so that no
+				// body is parsed twice in a row and the big ones do not sit in a cache.
+				bodies := make([][]byte, min(256, max(8, (32<<20)/size)))
+				for i := range bodies {
+					bodies[i] = benchBodyAsking(7, size, fmt.Sprintf("question %d: and what follows from it?", i))
+				}
+				parsers := sync.Pool{New: func() any { return &openai.Request{} }}
+				b.SetBytes(int64(len(bodies[0])))
 				b.ReportAllocs()
 				b.ResetTimer()
-				for range b.N {
-					req.Reset()
-					req.API = openai.APIChatCompletions
-					if err := openai.Parse(openai.APIChatCompletions, body, &parsed); err != nil {
+				for i := range b.N {
+					body := bodies[i%len(bodies)]
+					req := &router.Request{API: openai.APIChatCompletions}
+					parsed := parsers.Get().(*openai.Request)
+					if err := openai.Parse(openai.APIChatCompletions, body, parsed); err != nil {
 						b.Fatal(err)
 					}
-					req.Body, req.Model = &parsed, parsed.Model
+					req.Body, req.Model = parsed, parsed.Model
 					d, err := pk.Pipeline.Schedule(context.Background(), req)
 					if err != nil {
 						b.Fatal(err)
 					}
 					pk.Pipeline.Done(req, d.Endpoint)
+					parsed.Reset()
+					parsers.Put(parsed)
 				}
 			})
 		}
