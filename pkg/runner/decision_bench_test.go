@@ -16,7 +16,9 @@ import (
 
 // benchBody returns a chat body of about size bytes: a 2 KB system prompt shared by every
 // conversation, then turns of conversation conv until the size is reached, then a new question.
-func benchBody(conv, size int) []byte { return benchBodyAsking(conv, size, "and now the final question?") }
+func benchBody(conv, size int) []byte {
+	return benchBodyAsking(conv, size, "and now the final question?")
+}
 
 // benchBodyAsking is benchBody with the final question q.
 func benchBodyAsking(conv, size int, q string) []byte {
