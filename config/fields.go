@@ -8,6 +8,27 @@ import (
 	"strings"
 )
 
+// FieldError is an error about one field of a configuration, named by its path in the file.
+type FieldError struct {
+	Path string // "pool.healthCheck.interval", "plugins[2].weight", "parameters.pendingTTL"
+	Err  error
+}
+
+func (e *FieldError) Error() string { return e.Path + ": " + e.Err.Error() }
+
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// CheckFields checks JSON text against the fields of dst's type as the configuration file is
+// checked (checkFields): an unknown field or a duration that does not parse is a *FieldError
+// whose path starts with path. Plugins check their parameters with it.
+func CheckFields(raw json.RawMessage, dst any, path string) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil // not JSON: the decoder says so
+	}
+	return checkFields(v, reflect.TypeOf(dst), path)
+}
+
 // checkFields walks the decoded JSON v against the Go type t and reports, by its path in the
 // file ("pool.healthCheck.interval", "plugins[2].weight"), the first field t does not have
 // (with the known field it most resembles) or the first duration that does not parse:
@@ -26,7 +47,7 @@ func checkFields(v any, t reflect.Type, path string) error {
 		b, _ := json.Marshal(v)
 		var d Duration
 		if err := d.UnmarshalJSON(b); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return &FieldError{path, err}
 		}
 		return nil
 	}
@@ -137,13 +158,13 @@ func unknownField(path, k string, fields []field) error {
 		}
 	}
 	if best != "" {
-		return fmt.Errorf("%s: unknown field %q (did you mean %s?)", path, k, best)
+		return &FieldError{path, fmt.Errorf("unknown field %q (did you mean %s?)", k, best)}
 	}
 	names := make([]string, len(fields))
 	for i, f := range fields {
 		names[i] = f.name
 	}
-	return fmt.Errorf("%s: unknown field %q (known: %s)", path, k, strings.Join(names, ", "))
+	return &FieldError{path, fmt.Errorf("unknown field %q (known: %s)", k, strings.Join(names, ", "))}
 }
 
 func commonPrefix(a, b string) int {

@@ -105,3 +105,34 @@ func TestMetricsAddressPrecedence(t *testing.T) {
 		})
 	}
 }
+
+// TestPluginParameterErrorsNameTheirPath: a plugin parameter that is misspelt or mistyped is named
+// as plugins[i].parameters.<field>, with the plugin's name.
+func TestPluginParameterErrorsNameTheirPath(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"misspelt", "plugins:\n- name: saturation-filter\n  parameters:\n    maxInFlight: 5\n",
+			[]string{"plugins[0].parameters.maxInFlight", "saturation-filter", "did you mean maxInFlightPerEndpoint?"}},
+		{"mistyped", "plugins:\n- name: subset-filter\n- name: saturation-filter\n  parameters:\n    maxInFlightPerEndpoint: lots\n",
+			[]string{"plugins[1].parameters.maxInFlightPerEndpoint", "saturation-filter"}},
+		{"duration as a number", "plugins:\n- name: prefix-scorer\n  parameters:\n    pendingTTL: 30\n",
+			[]string{"plugins[0].parameters.pendingTTL", "prefix-scorer", "duration"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
+			if err := os.WriteFile(f, []byte(tc.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			err := run([]string{"--config-file", f})
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Fatalf("run = %v, want an error mentioning %q", err, w)
+				}
+			}
+		})
+	}
+}

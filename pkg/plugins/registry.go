@@ -6,6 +6,7 @@ package plugins
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -92,11 +93,14 @@ func decode(name string, raw json.RawMessage, dst any) error {
 		if len(bytes.TrimSpace(layer)) == 0 || bytes.Equal(bytes.TrimSpace(layer), []byte("null")) {
 			continue
 		}
+		if err := config.CheckFields(layer, dst, "parameters"); err != nil {
+			return err // names the field's path
+		}
 		dec := json.NewDecoder(bytes.NewReader(layer))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(dst); err != nil {
 			if te, ok := err.(*json.UnmarshalTypeError); ok {
-				return fmt.Errorf("parameters.%s: want %s, got %s", te.Field, te.Type, te.Value)
+				return &config.FieldError{Path: "parameters." + te.Field, Err: fmt.Errorf("want %s, got %s", te.Type, te.Value)}
 			}
 			return fmt.Errorf("parameters: %s", strings.TrimPrefix(err.Error(), "json: "))
 		}
@@ -120,6 +124,10 @@ func Build(specs []config.Plugin, d Deps) (*Built, error) {
 		}
 		p, err := f(s.Parameters, d)
 		if err != nil {
+			// A parameter's error is named by its path in the file: plugins[i].parameters.x.
+			if fe := (*config.FieldError)(nil); errors.As(err, &fe) {
+				return nil, fmt.Errorf("plugins[%d].%s (%s): %w", i, fe.Path, s.Name, fe.Err)
+			}
 			return nil, fmt.Errorf("plugins[%d] (%s): %w", i, s.Name, err)
 		}
 		_, isScorer := p.(router.Scorer)
