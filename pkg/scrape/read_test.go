@@ -113,6 +113,18 @@ func TestReadPages(t *testing.T) {
 			wantEngine: "custom",
 		},
 		{
+			name: "custom names shorter than 8 bytes",
+			cfg:  config.ModelServerMetrics{Engine: "custom", Names: config.MetricNames{Waiting: "q", Running: "run", KVUsage: "kv"}},
+			page: "qq 9\nq 4\nrun{a=\"b\"} 2\nrunning 7\nkv 0.5\n",
+			want: router.Metrics{Waiting: 4, Running: 2, KVUsage: 0.5, HasQueue: true, HasKVUsage: true}, wantEngine: "custom",
+		},
+		{
+			name: "custom names of 9 to 15 bytes",
+			cfg:  config.ModelServerMetrics{Engine: "custom", Names: config.MetricNames{Waiting: "tgi_queue", Running: "tgi_batch_size", KVUsage: "tgi_kv_usage_ratio"}},
+			page: "tgi_queue_size 9\ntgi_queue 4\ntgi_batch_size_max 8\ntgi_batch_size 2\ntgi_kv_usage_ratio 0.5\n",
+			want: router.Metrics{Waiting: 4, Running: 2, KVUsage: 0.5, HasQueue: true, HasKVUsage: true}, wantEngine: "custom",
+		},
+		{
 			name: "untyped samples, no trailing newline, timestamps and CRLF",
 			cfg:  autoCfg,
 			page: "vllm:num_requests_waiting{engine=\"0\"} 7 1754000000000\r\nvllm:num_requests_running 3\r\nvllm:kv_cache_usage_perc 1e-1",
