@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 }
 
 // serveMetricPages serves spec = "count:kind": count loopback ports, each serving the pages of
-// a loaded server, kind vllm (loadedPages, ~50 KB) or sglang (~4 KB, 64 pages of random
+// a loaded server, kind vllm (loadedPages, ~50 KB) or sglang (~6 KB, 64 pages of random
 // numbers). It prints the addresses and exits when stdin closes.
 func serveMetricPages(spec string) {
 	n, kind, _ := strings.Cut(spec, ":")
@@ -81,7 +81,7 @@ func serveMetricPages(spec string) {
 // BenchmarkScrapePool256 scrapes 256 endpoints every 50 ms and reports the scraper's CPU as a
 // share of one core (%core) and per scrape. vllm: each endpoint serves the ~50 KB page of a
 // loaded vLLM server (a new KV usage on every scrape, queue counts in small ranges); sglang: a
-// ~4 KB SGLang page, which shows the cost that does not grow with the page. One iteration is
+// ~6 KB SGLang page, which shows the cost that does not grow with the page. One iteration is
 // one 50 ms interval: run it with -benchtime=200x (10 s).
 func BenchmarkScrapePool256(b *testing.B) {
 	for _, kind := range []string{"vllm", "sglang"} {
