@@ -353,6 +353,11 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 		if s.Scrape != nil && s.Scrape.Note != "" {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("%s / %s / seed %d: %s", s.Scenario, s.Workload, s.Seed, s.Scrape.Note))
 		}
+		if s.Endpoint != "" && s.Endpoint != DefaultEndpointBase.Addr(0) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s / %s / seed %d: the engines listened from %s (another process held %s): "+
+				"the picker breaks ties by hashing addresses, so this run may differ from an undisturbed one", s.Scenario, s.Workload,
+				s.Seed, s.Endpoint, DefaultEndpointBase.Addr(0)))
+		}
 	}
 	rep.Elapsed = time.Since(rep.Started).Seconds()
 	return rep, nil
@@ -532,6 +537,9 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 	}
 	s = Summarize(res)
 	s.Scenario, s.Seed = sc.Name, seed
+	if rc.Endpoints != nil {
+		s.Endpoint = rc.Endpoints.Addrs()[0]
+	}
 	if rc.Picker != nil && rc.Picker.MetricsAddr != "" {
 		after, err := ScrapeMetrics(ctx, rc.Picker.MetricsAddr)
 		if err != nil {

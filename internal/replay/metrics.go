@@ -133,6 +133,9 @@ type Summary struct {
 	WallSeconds float64 `json:"wallSeconds"`
 	// Scrape is the virtual clock's wait for the picker's metrics scrapes (kvpick only).
 	Scrape *ScrapeStats `json:"scrape,omitempty"`
+	// Endpoint is the first engine's address (kvpick only): the picker breaks ties by hashing
+	// addresses, so runs on other ports are not comparable request for request.
+	Endpoint string `json:"endpoint,omitempty"`
 }
 
 // Summarize computes the report of a run.

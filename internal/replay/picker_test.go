@@ -433,3 +433,32 @@ func TestUsageReportsReachThePicker(t *testing.T) {
 		})
 	}
 }
+
+// TestRealClockPickerScrapesLiveMetrics: on the real clock the picker scrapes every engine's
+// address, which answers with the engine's state at that moment.
+func TestRealClockPickerScrapesLiveMetrics(t *testing.T) {
+	p, eps, setup := startKVPick(t, 2, ClockReal, 0)
+	if setup.Config.Pool.Metrics.RefreshInterval.D() != 50*time.Millisecond/20 {
+		t.Fatalf("refresh interval %v at x20", setup.Config.Pool.Metrics.RefreshInterval.D())
+	}
+	w := generate(t, "hot-prefix", Spec{Seed: 1, Engines: 2, Requests: 40, Rate: 20})
+	before := []uint64{eps.Fetches(0), eps.Fetches(1)}
+	res, err := Run(context.Background(), RunConfig{Workload: w, Policy: KVPick, Engines: 2, Clock: ClockReal, TimeScale: 20,
+		Picker: p, Endpoints: eps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := Summarize(res); s.Completed != 40 {
+		t.Fatalf("%d of 40 completed: %v", s.Completed, s.ErrorsByKind)
+	}
+	// ~2 s of arrivals and answers at x20 is ~100 ms of wall time or more: dozens of 2.5 ms
+	// scrape intervals.
+	for i := range 2 {
+		if got := eps.Fetches(i) - before[i]; got < 5 {
+			t.Fatalf("engine %d's metrics were fetched %d times during the run", i, got)
+		}
+	}
+	if res.Scrape != nil {
+		t.Fatal("a real-clock run waited for scrapes")
+	}
+}
