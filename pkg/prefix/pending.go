@@ -111,8 +111,9 @@ func (p *pendingSet) remove(r *pendingRecord) {
 }
 
 // match raises lens[slot] to the number of leading blocks of hashes that a live, unexpired
-// pending record on that endpoint shares; it drops the expired records it meets.
-func (p *pendingSet) match(hashes []uint64, now time.Time, lens []int32) {
+// pending record on that endpoint shares, and counts in counts[slot] (when counts is not nil)
+// the records there that share at least minBlocks; it drops the expired records it meets.
+func (p *pendingSet) match(hashes []uint64, now time.Time, lens []int32, counts []int32, minBlocks int) {
 	if len(hashes) == 0 {
 		return
 	}
@@ -131,8 +132,12 @@ func (p *pendingSet) match(hashes []uint64, now time.Time, lens []int32) {
 		if r.ep.Slot >= len(lens) {
 			continue
 		}
-		if n := int32(commonPrefix(r.hashes, hashes)); lens[r.ep.Slot] < n {
+		n := int32(commonPrefix(r.hashes, hashes))
+		if lens[r.ep.Slot] < n {
 			lens[r.ep.Slot] = n
+		}
+		if counts != nil && int(n) >= minBlocks {
+			counts[r.ep.Slot]++
 		}
 	}
 	if len(recs) == 0 {

@@ -41,14 +41,14 @@ func TestPendingMatchesLiveRecordsOnly(t *testing.T) {
 	p.add(r1, now)
 	p.add(r2, now.Add(-20*time.Second)) // already expired
 	lens := make([]int32, 3)
-	p.match(cat(base, chain(9, 2)), now, lens)
+	p.match(cat(base, chain(9, 2)), now, lens, nil, 0)
 	if lens[0] != 8 || lens[1] != 3 || lens[2] != 0 {
 		t.Fatalf("lens = %v, want [8 3 0]", lens)
 	}
 	p.remove(r0)
 	e1.MarkRemoved()
 	clear(lens)
-	p.match(base, now, lens)
+	p.match(base, now, lens, nil, 0)
 	if lens[0] != 0 || lens[1] != 0 {
 		t.Fatalf("after remove/endpoint removal lens = %v, want zeros", lens)
 	}
@@ -78,12 +78,12 @@ func TestPendingWorkIsBounded(t *testing.T) {
 		t.Fatalf("%d records kept for 2000 picks on one prefix over 2 endpoints, want %d", n, 2*pendingPerEndpoint)
 	}
 	lens := make([]int32, 2)
-	p.match(cat(shared, chain(1999+100, 5)), now.Add(2*time.Second), lens)
+	p.match(cat(shared, chain(1999+100, 5)), now.Add(2*time.Second), lens, nil, 0)
 	if lens[1] != 55 || lens[0] != 50 {
 		t.Fatalf("lens %v: the newest records must still match (55 on the endpoint of the last one, 50 elsewhere)", lens)
 	}
 	clear(lens)
-	p.match(shared, now.Add(time.Hour), lens)
+	p.match(shared, now.Add(time.Hour), lens, nil, 0)
 	if n := p.len(); n != 0 || lens[0] != 0 || lens[1] != 0 {
 		t.Fatalf("after expiry: %d records left, lens %v", n, lens)
 	}

@@ -81,14 +81,15 @@ type Plugin struct {
 }
 
 var (
-	_ router.Preparer         = (*Plugin)(nil)
-	_ router.Scorer           = (*Plugin)(nil)
-	_ router.PickObserver     = (*Plugin)(nil)
-	_ router.ResponseObserver = (*Plugin)(nil)
-	_ router.UsageObserver    = (*Plugin)(nil)
-	_ router.DoneObserver     = (*Plugin)(nil)
-	_ router.MetricsObserver  = (*Plugin)(nil)
-	_ router.PoolListener     = (*Plugin)(nil)
+	_ router.Preparer          = (*Plugin)(nil)
+	_ router.Scorer            = (*Plugin)(nil)
+	_ router.PickObserver      = (*Plugin)(nil)
+	_ router.ResponseObserver  = (*Plugin)(nil)
+	_ router.UsageObserver     = (*Plugin)(nil)
+	_ router.FirstByteObserver = (*Plugin)(nil)
+	_ router.DoneObserver      = (*Plugin)(nil)
+	_ router.MetricsObserver   = (*Plugin)(nil)
+	_ router.PoolListener      = (*Plugin)(nil)
 )
 
 var stateKey = router.NewStateKey(Name)
@@ -99,13 +100,16 @@ type state struct {
 	hashes    []uint64
 	lens      []int32  // matched blocks by endpoint slot, from the last Score
 	committed []int32  // the part of lens that the index holds (the rest: pending records)
+	pendings  []int32  // pending records sharing the prompt's prefix, by endpoint slot
 	ages      []uint32 // index tail ages by endpoint slot, from the last Score
 	reuse     float64  // the pool's recent reuse rate when it was scored
 	scored    bool
 	rendered  int  // prompt bytes rendered
 	truncated bool // the prompt was longer than maxBlocksPerRequest
 	pending   pendingRecord
-	resolved  bool // response headers seen: committed or dropped
+	resolved  bool // committed or dropped
+	streamed  bool // the client asked for a stream: commit at the first byte
+	served    *router.Endpoint
 	// What was predicted for the picked endpoint, for the server's evidence (evidence.go).
 	picked      *router.Endpoint
 	predicted   int    // leading blocks the index held there (pending records excluded)
@@ -149,6 +153,7 @@ func (pl *Plugin) Prepare(_ context.Context, req *router.Request) {
 	st.hashes = st.hasher.Hashes()
 	st.rendered, st.truncated = st.hasher.Written()
 	st.scored, st.resolved = false, false
+	st.streamed, st.served = req.Body.Stream, nil
 	req.AffinityKey = st.hasher.AffinityKey()
 	req.Set(stateKey, st)
 }
@@ -181,15 +186,38 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	st.ages = st.ages[:maxSlot+1]
 	pl.index.MatchAges(st.hashes, st.lens, st.ages)
 	st.committed = append(st.committed[:0], st.lens...)
-	pl.pending.match(st.hashes, pl.now(), st.lens)
+	if cap(st.pendings) <= maxSlot {
+		st.pendings = make([]int32, maxSlot+1)
+	}
+	st.pendings = st.pendings[:maxSlot+1]
+	clear(st.pendings)
+	minMatch := max(pl.p.MinMatchBlocks, 1)
+	pl.pending.match(st.hashes, pl.now(), st.lens, st.pendings, minMatch)
 	st.scored = true
 	total := float64(len(st.hashes))
+	// A pending match draws followers to a prefill in progress only while it is the only one:
+	// one follower sharing it saves a copy of the prefix elsewhere, but a prefix that several
+	// requests are waiting for at once is hot, needs copies on several endpoints, and is better
+	// computed on idle ones in parallel than queued behind one (the prefill scorer still sees
+	// the pending match: following costs no more than computing it cold).
+	inFlight := int32(0)
+	for _, e := range eps {
+		inFlight += st.pendings[e.Slot]
+	}
 	best := 0
 	for i, e := range eps {
-		if m := int(st.lens[e.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
-			scores[i] = float64(m) / total
-			best = max(best, m)
+		m := int(st.lens[e.Slot])
+		if m < minMatch {
+			continue
 		}
+		best = max(best, m)
+		if inFlight > 1 {
+			m = int(st.committed[e.Slot])
+			if m < minMatch {
+				continue
+			}
+		}
+		scores[i] = float64(m) / total
 	}
 	st.reuse = pl.reuse.observe(float64(best) / total)
 }
@@ -215,15 +243,37 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 }
 
 // ResponseHeaders commits the prompt's blocks to the endpoint that served it when the status is
-// 2xx; any other status commits nothing. Either way the pending record is dropped.
+// 2xx and the request does not stream: its headers come with the whole answer. A stream's
+// headers come when the request reaches the server, before its prefill: its blocks stay a
+// pending record until its first byte (FirstByte), so that a follower sees a prefill in
+// progress, not a cached prefix. Any other status commits nothing and drops the record.
 func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, status int) {
 	st := pl.state(req)
 	if st == nil || st.resolved {
 		return
 	}
+	if status >= 200 && status <= 299 && st.streamed {
+		st.served = served
+		return
+	}
+	pl.resolve(st, served, status >= 200 && status <= 299)
+}
+
+// FirstByte commits a stream's blocks: its first token is out, the prompt is in the server's
+// cache.
+func (pl *Plugin) FirstByte(req *router.Request, served *router.Endpoint) {
+	st := pl.state(req)
+	if st == nil || st.resolved {
+		return
+	}
+	pl.resolve(st, served, true)
+}
+
+// resolve drops the pending record and, on success, commits the prompt to served.
+func (pl *Plugin) resolve(st *state, served *router.Endpoint, ok bool) {
 	st.resolved = true
 	pl.pending.remove(&st.pending)
-	if status < 200 || status > 299 || served == nil || len(st.hashes) == 0 {
+	if !ok || served == nil || len(st.hashes) == 0 {
 		return
 	}
 	pl.index.InsertIf(served.Slot, st.hashes, func() bool { return !served.Removed() })
@@ -248,10 +298,15 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 	if st == nil {
 		return
 	}
+	if !st.resolved && st.served != nil {
+		// A stream answered 2xx whose body the picker never saw (the proxy's response body
+		// mode is NONE, or the body was empty): the server took the request; commit now.
+		pl.resolve(st, st.served, true)
+	}
 	pl.pending.remove(&st.pending)
 	req.Set(stateKey, nil)
 	st.pending = pendingRecord{}
-	st.picked = nil
+	st.picked, st.served = nil, nil
 	pl.states.Put(st)
 }
 

@@ -331,3 +331,76 @@ func TestReuseRateFollowsTheTraffic(t *testing.T) {
 		t.Errorf("reuse %.3f after 1,500 requests that share nothing, want ~0", r)
 	}
 }
+
+// TestAStreamCommitsAtItsFirstByte: a stream's headers come when the request reaches the server,
+// before its prefill, so until its first byte a follower must see a prefill in progress (a
+// pending match), not a cached prefix; a non-streamed response commits at its headers.
+func TestAStreamCommitsAtItsFirstByte(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			pl := testPlugin(t)
+			eps := twoEndpoints()
+			req := chatRequest(t, longSystem, "first")
+			req.Body.Stream = stream
+			pl.Prepare(context.Background(), req)
+			scores(pl, req, eps)
+			pl.Picked(req, eps[0])
+			pl.ResponseHeaders(req, eps[0], 200)
+			follower := func() Matches {
+				f := chatRequest(t, longSystem, "second")
+				pl.Prepare(context.Background(), f)
+				scores(pl, f, eps)
+				m := MatchesOf(f)
+				pl.Done(f, eps[1])
+				return m
+			}
+			m := follower()
+			if m.Blocks(eps[0]) < 10 {
+				t.Fatalf("follower matches %d blocks on the picked endpoint", m.Blocks(eps[0]))
+			}
+			if m.Pending(eps[0]) != stream {
+				t.Fatalf("after the headers the match is pending: %v, want %v", m.Pending(eps[0]), stream)
+			}
+			pl.FirstByte(req, eps[0])
+			if m := follower(); m.Pending(eps[0]) || m.Blocks(eps[0]) < 10 {
+				t.Fatalf("after the first byte: pending %v, %d blocks; want a committed match", m.Pending(eps[0]), m.Blocks(eps[0]))
+			}
+			pl.Done(req, eps[0])
+		})
+	}
+}
+
+// TestAPrefixManyWaitForIsNotQueuedBehindOneEndpoint: one request computing a new prefix draws
+// a follower to share its prefill; once two are waiting for it, the prefix is hot and the
+// pending match no longer earns a prefix score (the committed index still does), so that other
+// endpoints compute it in parallel.
+func TestAPrefixManyWaitForIsNotQueuedBehindOneEndpoint(t *testing.T) {
+	pl := testPlugin(t)
+	eps := twoEndpoints()
+	pick := func(q string) (*router.Request, []float64) {
+		r := chatRequest(t, longSystem, q)
+		r.Body.Stream = true
+		pl.Prepare(context.Background(), r)
+		s := scores(pl, r, eps)
+		pl.Picked(r, eps[0])
+		pl.ResponseHeaders(r, eps[0], 200) // a stream: pending until its first byte
+		return r, s
+	}
+	first, _ := pick("one")
+	second, s2 := pick("two")
+	if s2[0] < 0.5 {
+		t.Fatalf("the first follower scores %v on the endpoint computing the prefix, want a high prefix score", s2)
+	}
+	third, s3 := pick("three")
+	if s3[0] != 0 {
+		t.Fatalf("with two requests waiting for the prefix, the third scores %v on their endpoint, want 0 (pending no longer counts)", s3)
+	}
+	pl.FirstByte(first, eps[0]) // committed now
+	fourth, s4 := pick("four")
+	if s4[0] < 0.5 {
+		t.Fatalf("once the prefix is committed the endpoint scores %v, want its committed match", s4)
+	}
+	for _, r := range []*router.Request{first, second, third, fourth} {
+		pl.Done(r, eps[0])
+	}
+}

@@ -20,8 +20,10 @@
 //     a request waits until its first chunk is scheduled), so when a request's prefill is over,
 //     so is that of every request picked before it on the same endpoint;
 //   - the server's own queue: a fresh metrics scrape that reports W requests waiting, sent after
-//     the picker's k-th pick there, leaves at most the newest W+1 of those k requests unfinished
-//     (W waiting, one partly prefilled): the older ones are paid back at once. Requests picked
+//     the picker's k-th pick there, leaves at most the newest W+2 of those k requests unfinished
+//     (W waiting, and up to two partly prefilled: chunked prefill spreads a long prompt over
+//     several steps and admits the next request into the budget its last chunk leaves): the
+//     older ones are paid back at once. Requests picked
 //     after the scrape was sent are not touched. The scrape's waiting requests that are not the
 //     picker's own (other picker replicas, direct clients) are added to the endpoint's cost at
 //     the mean work per request, while the scrape is fresh: the signal that several replicas
@@ -102,6 +104,11 @@ type charge struct {
 	streamed bool  // the client asked for a stream: its headers say nothing about prefill
 	done     bool  // discharged (under Scorer.mu)
 }
+
+// partialPrefills is how many running requests may be partly prefilled at once on a vLLM
+// server: the one whose prompt spans several steps, and the next one, admitted into the budget
+// left by the first one's last chunk.
+const partialPrefills = 2
 
 // avgWorkDecay weighs the mean work per request over the last ~1,000 picks.
 const avgWorkDecay = 1.0 / 1024
@@ -227,8 +234,8 @@ func (s *Scorer) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) {
 				seen++
 			}
 		}
-		// All but the newest waiting+1 of them have been prefilled.
-		if over := seen - (waiting + 1); over > 0 {
+		// All but the newest waiting+partialPrefills of them have been prefilled.
+		if over := seen - (waiting + partialPrefills); over > 0 {
 			for _, c := range q.charges[q.start:] {
 				if over == 0 {
 					break

@@ -184,7 +184,7 @@ func TestAFirstTokenProvesEveryEarlierPrefillOver(t *testing.T) {
 }
 
 // TestAScrapeSettlesTheQueue: a scrape sent after the picker's k-th pick that reports W waiting
-// leaves at most the newest W+1 of those k requests charged; requests picked after the scrape
+// leaves at most the newest W+2 of those k requests charged (W waiting, two partly prefilled); requests picked after the scrape
 // was sent keep their charge; waiting requests that are not the picker's count as external work
 // while the scrape is fresh.
 func TestAScrapeSettlesTheQueue(t *testing.T) {
@@ -196,10 +196,10 @@ func TestAScrapeSettlesTheQueue(t *testing.T) {
 		wantQueued   int64
 		wantExternal bool
 	}{
-		{"nothing waiting: all but one partly prefilled request are done", 6, 6, 0, 2, false},
-		{"two waiting: three stay charged", 6, 6, 2, 6, false},
+		{"nothing waiting: all but two partly prefilled requests are done", 6, 6, 0, 4, false},
+		{"two waiting: four stay charged", 6, 6, 2, 8, false},
 		{"more waiting than the picker sent: all stay, the rest is external", 3, 3, 10, 6, true},
-		{"picks after the scrape was sent are untouched", 6, 2, 0, 2 + 4*2, false},
+		{"picks after the scrape was sent are untouched", 6, 3, 0, 2*2 + 3*2, false},
 		{"a scrape sent before any pick changes nothing", 4, 0, 0, 8, false},
 	}
 	for _, tc := range cases {
