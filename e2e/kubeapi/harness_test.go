@@ -143,8 +143,9 @@ type picker struct {
 }
 
 type pickerOpts struct {
-	pool, group string
-	leader      bool
+	pool, group        string
+	leader             bool
+	unhealthyThreshold int // 0: the default
 }
 
 func startPicker(t *testing.T, e *env, o pickerOpts) *picker {
@@ -153,6 +154,9 @@ func startPicker(t *testing.T, e *env, o pickerOpts) *picker {
 	cfg.Pool.HealthCheck.Interval = config.Duration(100 * time.Millisecond)
 	cfg.Pool.HealthCheck.Timeout = config.Duration(100 * time.Millisecond)
 	cfg.Pool.Metrics.RefreshInterval = 0 // the stand-ins serve no model-server metrics
+	if o.unhealthyThreshold > 0 {
+		cfg.Pool.HealthCheck.UnhealthyThreshold = o.unhealthyThreshold
+	}
 	cfg.Shutdown.Delay = 0
 	cfg.Kubernetes.LeaderElection.LeaseDuration = config.Duration(4 * time.Second)
 	cfg.Kubernetes.LeaderElection.RenewDeadline = config.Duration(3 * time.Second)
@@ -239,7 +243,9 @@ func (p *picker) route(t *testing.T, prompt string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), settle)
 	defer cancel()
 	body := fmt.Appendf(nil, `{"model":"m","prompt":%q,"max_tokens":4}`, prompt)
-	routed, _, err := dataplane.New(p.grpc).Do(ctx, dataplane.FullDuplex(),
+	// The proxy's message timeout raised from 5 s: a race-built picker on a loaded 2-core
+	// machine can take longer to answer, and this test is about where requests go.
+	routed, _, err := dataplane.New(p.grpc, dataplane.WithMessageTimeout(settle)).Do(ctx, dataplane.FullDuplex(),
 		&dataplane.HTTPRequest{Method: "POST", Path: "/v1/completions", Body: body},
 		&dataplane.HTTPResponse{Status: 200, Body: []byte(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":40,"completion_tokens":4}}`)})
 	if err != nil {

@@ -233,7 +233,7 @@ func TestBinaryTakesTheReferenceChartsFlags(t *testing.T) {
 	t.Cleanup(func() { _ = proc.Stop() })
 
 	conn := dial(t, proc.GRPCAddr)
-	routed, _, err := dataplane.New(conn).Do(ctx, dataplane.FullDuplex(),
+	routed, _, err := dataplane.New(conn, dataplane.WithMessageTimeout(settle)).Do(ctx, dataplane.FullDuplex(),
 		&dataplane.HTTPRequest{Method: "POST", Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":"hello"}`)},
 		&dataplane.HTTPResponse{Status: http.StatusOK, Body: []byte(`{}`)})
 	if err != nil || routed.Destination != addr("127.0.0.8", ports[0]) {

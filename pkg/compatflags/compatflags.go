@@ -8,7 +8,9 @@
 // that say so. docs/deploy.md lists them all.
 //
 // Register after the picker's own flags: a flag the picker defines itself is left alone, so
-// a flag it gains later stops being ignored without a change here.
+// a flag it gains later stops being ignored without a change here. The picker's own flags that
+// the reference chart also passes (--refresh-metrics-interval, --metrics-staleness-threshold,
+// --enable-pprof, the pool and port flags) are not listed here.
 package compatflags
 
 import (
@@ -39,16 +41,13 @@ var Ignored = []struct {
 	{Name: "kv-cache-usage-percentage-metric", Instead: "pool.metrics in the config file"},
 	{Name: "lora-info-metric", Instead: "pool.metrics in the config file"},
 	{Name: "cache-info-metric", Instead: "pool.metrics in the config file"},
-	{Name: "refresh-metrics-interval", Instead: "pool.metrics.refreshInterval in the config file"},
 	{Name: "refresh-prometheus-metrics-interval", Instead: "none: the picker's own metrics are computed at scrape time"},
-	{Name: "metrics-staleness-threshold", Instead: "pool.metrics.stalenessThreshold in the config file"},
 	{Name: "model-server-metrics-path", Instead: "pool.metrics.path in the config file"},
 	{Name: "model-server-metrics-scheme", Instead: "none: model servers are scraped over HTTP"},
 	{Name: "model-server-metrics-https-insecure-skip-verify", Instead: "none", bool: true},
 	{Name: "plugin-state-staleness-threshold", Instead: "none: per-request state ends with its stream"},
 	{Name: "tracing", Instead: "none: no tracing", bool: true},
 	{Name: "health-checking", Instead: "none: gRPC health is always served", bool: true},
-	{Name: "enable-pprof", Instead: "none", bool: true},
 	{Name: "enable-cert-reload", Instead: "none: restart the picker to load new certificates", bool: true},
 	{Name: "metrics-endpoint-auth", Instead: "none: /metrics is served without authentication; restrict it with a NetworkPolicy", bool: true},
 	{Name: "metrics-client-ca-file", Instead: "none"},

@@ -18,6 +18,7 @@ func newSet() (*flag.FlagSet, *Set, *string, *int) {
 	pool := fs.String("pool-name", "", "")
 	port := fs.Int("grpc-port", 9002, "")
 	fs.Duration("refresh-metrics-interval", 0, "the picker's own")
+	fs.Bool("enable-pprof", false, "the picker's own")
 	return fs, Register(fs), pool, port
 }
 
@@ -46,9 +47,9 @@ func TestReferenceChartCommandLineParses(t *testing.T) {
 	if *pool != "llama" || lg.Encoding != "json" || lg.Level == nil || *lg.Level != zapcore.InfoLevel {
 		t.Fatalf("pool %q, logging %+v", *pool, lg)
 	}
-	want := []string{"enable-pprof", "kv-cache-usage-percentage-metric", "lora-info-metric", "metrics-endpoint-auth", "total-queued-requests-metric", "tracing"}
+	want := []string{"kv-cache-usage-percentage-metric", "lora-info-metric", "metrics-endpoint-auth", "total-queued-requests-metric", "tracing"}
 	if got := s.IgnoredSet(); !slices.Equal(got, want) {
-		t.Fatalf("ignored = %v, want %v (refresh-metrics-interval is the picker's own flag, not ignored)", got, want)
+		t.Fatalf("ignored = %v, want %v (refresh-metrics-interval and enable-pprof are the picker's own flags, not ignored)", got, want)
 	}
 }
 

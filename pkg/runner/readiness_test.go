@@ -137,7 +137,7 @@ func TestShutdownTurnsNotReadyThenDrainsOpenStreams(t *testing.T) {
 	r := run(t, cfg)
 	waitStatus(t, r.health, healthpb.HealthCheckResponse_SERVING, ServiceReadiness)
 
-	x, err := dataplane.New(r.grpc).Open(context.Background(), dataplane.FullDuplex())
+	x, err := dataplane.New(r.grpc, dataplane.WithMessageTimeout(time.Minute)).Open(context.Background(), dataplane.FullDuplex())
 	if err != nil {
 		t.Fatal(err)
 	}
