@@ -55,6 +55,8 @@ type ExtProc struct {
 	Fallbacks    int   `json:"fallbacks"`
 	// AssumedBodyMode is the body mode assumed when the proxy sends no protocol_config.
 	AssumedBodyMode string `json:"assumedBodyMode"`
+	// ExplainHeader answers a request's x-kvpick-explain: 1 with the decision's scores.
+	ExplainHeader bool `json:"explainHeader"`
 }
 
 // BodyModes are the values AssumedBodyMode accepts.

@@ -12,8 +12,10 @@ import (
 // chat request (a shared system prompt, a new question per iteration so the index keeps
 // learning), routing, a streamed response of 20 SSE chunks, the proxy's half-close. The fake
 // stream reuses its messages, so what is measured is the server's own work and allocations.
-func BenchmarkStream(b *testing.B) {
-	s, _ := testServer(b, Options{}, "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000")
+func BenchmarkStream(b *testing.B) { benchmarkStream(b, false) }
+
+func benchmarkStream(b *testing.B, explain bool) {
+	s, _ := testServer(b, Options{ExplainHeader: explain, MatchBlocks: prefixMatch}, "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000")
 	system := strings.Repeat("You are a meticulous assistant. ", 100)
 	const variants = 1024
 	bodies := make([][]byte, variants)
@@ -24,6 +26,9 @@ func BenchmarkStream(b *testing.B) {
 	pc := protocol(fullDuplex, fullDuplex, false)
 	headers := reqHeaders(pc, false, hdr(":method", "POST"), hdr(":path", "/v1/chat/completions"),
 		hdr("x-request-id", "bench"), hdr("content-length", fmt.Sprint(len(bodies[0]))))
+	if explain {
+		headers.GetRequestHeaders().Headers.Headers = append(headers.GetRequestHeaders().Headers.Headers, hdr(ExplainHeader, "1"))
+	}
 	msgs := []*extprocv3.ProcessingRequest{headers, nil, respHeaders("200", false)}
 	for range 19 {
 		msgs = append(msgs, respBody([]byte(`data: {"choices":[{"delta":{"content":"token"}}]}`+"\n\n"), false))
@@ -44,4 +49,10 @@ func BenchmarkStream(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkStreamExplained is BenchmarkStream with the explanation header asked for and enabled:
+// what explaining costs per request (off, it costs nothing: compare with BenchmarkStream).
+func BenchmarkStreamExplained(b *testing.B) {
+	benchmarkStream(b, true)
 }

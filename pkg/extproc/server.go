@@ -19,6 +19,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -40,18 +41,25 @@ type Options struct {
 	AssumedBodyMode string
 	Log             *zap.Logger
 	Metrics         *Metrics // nil: no metrics
+	// ExplainHeader lets a client ask, with the request header x-kvpick-explain: 1, for the
+	// decision's score breakdown in the response header of the same name (explain.go).
+	ExplainHeader bool
+	// MatchBlocks, when set, gives explanations how many leading prompt blocks an endpoint
+	// likely holds and how many the prompt has (the runner wires the prefix scorer's findings).
+	MatchBlocks func(req *router.Request, ep *router.Endpoint) (match, total int)
 }
 
 // Server implements the ExternalProcessor service.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	pipe    *router.Pipeline
-	opt     Options
-	assumed filterv3.ProcessingMode_BodySendMode // Options.AssumedBodyMode
-	bufs    [(maxBufClass-minBufClass)/2 + 1]sync.Pool
-	tails   sync.Pool // *[]byte of capacity openai.UsageTailBytes
-	parsers sync.Pool // *openai.Request
-	once    sync.Once
+	pipe     *router.Pipeline
+	opt      Options
+	assumed  filterv3.ProcessingMode_BodySendMode // Options.AssumedBodyMode
+	bufs     [(maxBufClass-minBufClass)/2 + 1]sync.Pool
+	tails    sync.Pool // *[]byte of capacity openai.UsageTailBytes
+	parsers  sync.Pool // *openai.Request
+	explains sync.Pool // *router.Explanation
+	once     sync.Once
 	// warned: one warning per degraded-mode reason (degraded.go).
 	warned [len(degradedReasons)]sync.Once
 }
@@ -106,7 +114,9 @@ type stream struct {
 	heldChunks    int    // STREAMED: body messages awaiting an answer until routing
 	contentLength string // the request's content-length header, if any
 	generatedID   bool
-	parses        int // body parse attempts, for tests: STREAMED must not re-parse per chunk
+	parses        int    // body parse attempts, for tests: STREAMED must not re-parse per chunk
+	wantExplain   bool   // the client asked for the explanation header, and it is enabled
+	explained     string // the explanation header's value, once routed
 	objEnd        objectEnd
 	triedEarly    bool // STREAMED: the parse at the object's end was tried
 
@@ -231,6 +241,8 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 			st.req.ID = headerValue(hv)
 		case contentLengthHeader:
 			st.contentLength = headerValue(hv)
+		case ExplainHeader:
+			st.wantExplain = st.s.opt.ExplainHeader && explainAsked(headerValue(hv))
 		}
 	}
 	if st.req.ID == "" {
@@ -472,7 +484,16 @@ func (st *stream) passRequestBody(b *extprocv3.HttpBody) error {
 
 // schedule asks the pipeline for an endpoint; a non-nil result is the ImmediateResponse to send.
 func (st *stream) schedule() *extprocv3.ProcessingResponse {
+	// An explanation is collected only when someone reads it: the debug log, or a client that
+	// asked for the header. Otherwise the pipeline sees a nil Explain and allocates nothing.
+	var ex *router.Explanation
+	if st.wantExplain || st.log.Core().Enabled(zapcore.DebugLevel) {
+		ex = st.s.getExplanation()
+		st.req.Explain = ex
+		defer st.s.putExplanation(ex)
+	}
 	d, err := st.s.pipe.Schedule(st.ctx, &st.req)
+	st.req.Explain = nil
 	if err != nil {
 		var re *router.Error
 		if errors.As(err, &re) {
@@ -493,8 +514,15 @@ func (st *stream) schedule() *extprocv3.ProcessingResponse {
 		st.dest = sb.String()
 	}
 	if ce := st.log.Check(zap.DebugLevel, "routed"); ce != nil {
-		ce.Write(st.id(), zap.String("endpoint", st.dest), zap.String("model", st.req.Model),
-			zap.String("path", st.req.Path))
+		fields := []zap.Field{st.id(), zap.String("endpoint", st.dest), zap.String("model", st.req.Model),
+			zap.String("path", st.req.Path)}
+		if ex != nil {
+			fields = append(fields, zap.Array("candidates", candidates{st, ex}))
+		}
+		ce.Write(fields...)
+	}
+	if st.wantExplain && ex != nil {
+		st.explained = st.explainText(ex)
 	}
 	return nil
 }
@@ -550,6 +578,12 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 			setHeader(contentLengthHeader, cl),
 		}}
+	}
+	if st.explained != "" {
+		if common.HeaderMutation == nil {
+			common.HeaderMutation = &extprocv3.HeaderMutation{}
+		}
+		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHeader(ExplainHeader, st.explained))
 	}
 	return st.srv.Send(responseHeadersResponse(common))
 }

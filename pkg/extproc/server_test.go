@@ -678,3 +678,19 @@ func TestAssumedBodyModeNoneRoutesAtHeaders(t *testing.T) {
 	}
 	h.settled()
 }
+
+// TestExplainHeaderThroughTheRunner: extProc.explainHeader wires the explanation, with the
+// prefix scorer's match, end to end.
+func TestExplainHeaderThroughTheRunner(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.ExtProc.ExplainHeader = true })
+	req := post("/v1/chat/completions", chatBody(1, 2))
+	req.Headers = append(req.Headers, dataplane.Header{Key: "x-kvpick-explain", Value: "1"})
+	routed, fwd, err := h.client.Do(context.Background(), dataplane.FullDuplex(), req, sse("data: [DONE]\n\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := dataplane.Lookup(fwd.Headers, "x-kvpick-explain")
+	if !ok || !strings.HasPrefix(got, "endpoint="+routed.Destination+";") || !strings.Contains(got, "match=0/") {
+		t.Fatalf("x-kvpick-explain %q (present %v)", got, ok)
+	}
+}

@@ -131,6 +131,10 @@ func (p *Pipeline) Schedule(ctx context.Context, req *Request) (Decision, error)
 	for _, x := range p.preparers {
 		x.Prepare(ctx, req)
 	}
+	ex := req.Explain
+	if ex != nil {
+		ex.reset()
+	}
 	s, _ := p.scratch.Get().(*scratch)
 	if s == nil {
 		s = &scratch{}
@@ -157,15 +161,24 @@ func (p *Pipeline) Schedule(ctx context.Context, req *Request) (Decision, error)
 	tmp := grow(s.tmp, len(eps))
 	s.scores, s.tmp = scores, tmp
 	clear(scores)
-	for _, ws := range p.scorers {
+	if ex != nil {
+		ex.begin(p.scorers, eps)
+	}
+	for j, ws := range p.scorers {
 		clear(tmp)
 		ws.Scorer.Score(ctx, req, eps, tmp)
 		for i, v := range tmp {
 			// Clamp so that one misbehaving scorer cannot outweigh the others.
 			scores[i] += ws.Weight * min(max(v, 0), 1)
 		}
+		if ex != nil {
+			ex.record(j, tmp)
+		}
 	}
 	i := p.picker.Pick(ctx, req, eps, scores)
+	if ex != nil {
+		ex.end(scores, i)
+	}
 	if i < 0 || i >= len(eps) {
 		return Decision{}, ErrNoEndpoint(fmt.Sprintf("picker %s chose no endpoint", p.picker.Name()))
 	}

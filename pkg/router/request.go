@@ -31,6 +31,9 @@ type Request struct {
 	// PickSeq is the request's pick number on the chosen endpoint (Endpoint.Picks after it was
 	// counted), set by Schedule: the order in which the endpoint's server sees the requests.
 	PickSeq int64
+	// Explain, when set, receives the pipeline's reasoning (every candidate's scores) from
+	// Schedule: for debug logs and the opt-in explanation header. nil on the hot path.
+	Explain *Explanation
 
 	state []stateEntry
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/kvpick/kvpick/pkg/healthcheck"
 	"github.com/kvpick/kvpick/pkg/plugins"
 	"github.com/kvpick/kvpick/pkg/pool"
+	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/kvpick/kvpick/pkg/scrape"
 )
@@ -114,6 +115,11 @@ func build(cfg *config.Config, log *zap.Logger) (*Picker, []string, error) {
 		AssumedBodyMode: cfg.ExtProc.AssumedBodyMode,
 		Log:             log,
 		Metrics:         extproc.NewMetrics(reg),
+		ExplainHeader:   cfg.ExtProc.ExplainHeader,
+		MatchBlocks: func(req *router.Request, ep *router.Endpoint) (int, int) {
+			m := prefix.MatchesOf(req)
+			return m.Blocks(ep), m.Total
+		},
 	})
 	if err != nil {
 		return nil, nil, err
