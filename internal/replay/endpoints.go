@@ -59,19 +59,43 @@ type Endpoints struct {
 	wg   sync.WaitGroup
 }
 
-// ListenEndpoints binds n engine addresses from base. Unless fixedPort, a port in use moves every
-// engine to the next port (all engines share one port, so a run alone on the machine always gets
-// the same addresses).
+// AddressWait is how long a replay waits for its engines' addresses when another process holds
+// them (another replay's run, which ends within a minute) before it moves to the next port:
+// runs on the same addresses are reproducible, on others the picker's address-hashed ties go
+// differently.
+const AddressWait = 90 * time.Second
+
+// ListenEndpoints binds n engine addresses from base, waiting up to AddressWait while another
+// process holds them. Then, unless fixedPort, every engine moves to the next free port (all
+// engines share one port, so a run alone on the machine always gets the same addresses).
 func ListenEndpoints(n int, base EndpointBase, fixedPort bool) (*Endpoints, error) {
+	return ListenEndpointsWait(n, base, fixedPort, AddressWait)
+}
+
+// ListenEndpointsWait is ListenEndpoints waiting at most wait for the addresses.
+func ListenEndpointsWait(n int, base EndpointBase, fixedPort bool, wait time.Duration) (*Endpoints, error) {
 	if n < 1 {
 		return nil, errors.New("at least one endpoint")
 	}
-	tries := portTries
-	if fixedPort {
-		tries = 1
+	deadline := time.Now().Add(wait)
+	for {
+		lns, err := listenAll(base, n)
+		if err == nil {
+			return serve(base, lns), nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("simulated engines' addresses: %w", err)
+		}
+		if time.Now().After(deadline) {
+			if fixedPort {
+				return nil, fmt.Errorf("simulated engines' addresses: %w", err)
+			}
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 	var lastErr error
-	for k := range tries {
+	for k := 1; k < portTries; k++ {
 		b := base
 		b.Port += k
 		lns, err := listenAll(b, n)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ func TestMetricsServersServeTheEnginesNumbers(t *testing.T) {
 		}
 		engs = append(engs, e)
 	}
-	eps, err := ListenEndpoints(2, testBase(), false)
+	eps, err := ListenEndpointsWait(2, testBase(), false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func (s *sequentialScraper) pages() []string {
 // done with the page); that second fetch is held until the next page and then refused, so a
 // page is never served again after simulated time moved on; an unchanged page needs no wait.
 func TestVirtualTickWaitsUntilThePickerAppliedThePage(t *testing.T) {
-	eps, err := ListenEndpoints(1, testBase(), false)
+	eps, err := ListenEndpointsWait(1, testBase(), false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestVirtualTickWaitsUntilThePickerAppliedThePage(t *testing.T) {
 // TestVirtualTickGoesOnWithoutAScrapingPicker: a picker that never fetches does not scrape;
 // the first tick notes it and the run goes on without waiting.
 func TestVirtualTickGoesOnWithoutAScrapingPicker(t *testing.T) {
-	eps, err := ListenEndpoints(2, testBase(), false)
+	eps, err := ListenEndpointsWait(2, testBase(), false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +217,7 @@ func TestVirtualTickGoesOnWithoutAScrapingPicker(t *testing.T) {
 
 func TestEndpointAddressesAreFixedAndMoveTogether(t *testing.T) {
 	base := testBase()
-	a, err := ListenEndpoints(3, base, false)
+	a, err := ListenEndpointsWait(3, base, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func TestEndpointAddressesAreFixedAndMoveTogether(t *testing.T) {
 		t.Fatalf("addresses %v, want %v", got, want)
 	}
 	// The same addresses taken: every engine moves to the next port.
-	b, err := ListenEndpoints(3, base, false)
+	b, err := ListenEndpointsWait(3, base, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +237,34 @@ func TestEndpointAddressesAreFixedAndMoveTogether(t *testing.T) {
 			t.Fatalf("second set: %v", b.Addrs())
 		}
 	}
-	if _, err := ListenEndpoints(3, base, true); err == nil {
+	if _, err := ListenEndpointsWait(3, base, true, 0); err == nil {
 		t.Fatal("fixed addresses in use: no error")
+	}
+}
+
+// TestEndpointsWaitForTheirAddresses: while another run holds the addresses, the next one waits
+// for them rather than moving (a move changes the picker's address-hashed tie-breaks).
+func TestEndpointsWaitForTheirAddresses(t *testing.T) {
+	base := testBase()
+	a, err := ListenEndpointsWait(2, base, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var releasing atomic.Bool
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		releasing.Store(true)
+		a.Close()
+	}()
+	b, err := ListenEndpointsWait(2, base, false, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !releasing.Load() {
+		t.Fatal("got the addresses while the other run held them")
+	}
+	if got := b.Addrs()[0]; got != base.Addr(0) {
+		t.Fatalf("moved to %s instead of waiting for %s", got, base.Addr(0))
 	}
 }

@@ -72,7 +72,7 @@ func startKVPick(t *testing.T, n int, clock string, capacity int) (*Picker, *End
 func startKVPickAt(t *testing.T, base EndpointBase, n int, clock string, capacity int) (*Picker, *Endpoints, *PickerSetup) {
 	t.Helper()
 	bin := picker(t)
-	eps, err := ListenEndpoints(n, base, true)
+	eps, err := ListenEndpointsWait(n, base, true, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

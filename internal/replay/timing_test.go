@@ -174,7 +174,7 @@ func timingWorkload(t *testing.T) *Workload {
 func runTimed(t *testing.T, rc RunConfig) *exchangeLog {
 	t.Helper()
 	log := &exchangeLog{}
-	eps, err := ListenEndpoints(1, testBase(), false)
+	eps, err := ListenEndpointsWait(1, testBase(), false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
