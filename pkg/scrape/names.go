@@ -175,8 +175,9 @@ func (s *schema) hasPrefix(p uint64) bool {
 // parsing is the reader's largest cost, and most pages repeat lines seen before (the same
 // model's servers report the same small counts; info gauges rarely change).
 type parseCache struct {
-	mu sync.RWMutex
-	m  map[string]cached
+	mu    sync.RWMutex
+	m     map[string]cached
+	bytes int // of the keys
 }
 
 type cached struct {
@@ -184,9 +185,15 @@ type cached struct {
 	err error
 }
 
-// maxCached bounds the cache: ~4,096 x ~150 bytes of key = ~600 KB. When full it is emptied
-// rather than kept in LRU order: refilling costs a few parses per endpoint.
-const maxCached = 4096
+// The cache's bounds. A family's lines are ~100-400 bytes (cache_config_info is the longest);
+// lines over 4 KiB are parsed every time rather than kept, so that a server writing huge label
+// values cannot fill memory. 4,096 entries and 1 MiB of keys at most; when full, the cache is
+// emptied rather than kept in LRU order (refilling costs a few parses per endpoint).
+const (
+	maxCached      = 4096
+	maxCachedBytes = 1 << 20
+	maxCachedKey   = 4 << 10
+)
 
 func (c *parseCache) get(lines []byte) (cached, bool) {
 	c.mu.RLock()
@@ -196,9 +203,16 @@ func (c *parseCache) get(lines []byte) (cached, bool) {
 }
 
 func (c *parseCache) put(lines []byte, v cached) {
+	if len(lines) > maxCachedKey {
+		return
+	}
 	c.mu.Lock()
-	if len(c.m) >= maxCached {
+	if len(c.m) >= maxCached || c.bytes+len(lines) > maxCachedBytes {
 		clear(c.m)
+		c.bytes = 0
+	}
+	if _, ok := c.m[string(lines)]; !ok {
+		c.bytes += len(lines)
 	}
 	c.m[string(lines)] = v
 	c.mu.Unlock()

@@ -20,6 +20,10 @@ import (
 // or hostile, and the rest is ignored rather than parsed every 50 ms.
 const maxSeriesPerFamily = 256
 
+// maxKeptLines bounds the selection buffers a reader keeps between pages: a family's lines are
+// a few hundred bytes; a page that made them larger gets its buffers dropped after use.
+const maxKeptLines = 64 << 10
+
 // Bounds on plausible values: beyond them a value is a bug or garbage, not a measurement.
 const (
 	maxCount  = 1e9     // requests waiting or running on one server
@@ -199,7 +203,13 @@ var typePrefix = []byte("# TYPE ")
 // selectLines copies the lines of the wanted families out of body, per family.
 func (r *reader) selectLines(body []byte) {
 	for i := range r.sel {
+		if cap(r.sel[i]) > maxKeptLines {
+			r.sel[i] = nil // a huge page once must not keep its memory for good
+		}
 		r.sel[i], r.series[i], r.trunc[i] = r.sel[i][:0], 0, false
+	}
+	if cap(r.joined) > maxKeptLines {
+		r.joined = nil
 	}
 	for len(body) > 0 {
 		var line []byte

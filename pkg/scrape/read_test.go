@@ -328,3 +328,26 @@ func TestSchemaRejectsOneNameForTwoFields(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// The parse cache holds neither huge lines nor more than its bounds, whatever servers write.
+func TestParseCacheIsBounded(t *testing.T) {
+	r := mustReader(t, autoCfg)
+	huge := "vllm:num_requests_waiting{pad=\"" + strings.Repeat("x", 2*maxCachedKey) + "\"} 1\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.5\n"
+	if rd := r.read([]byte(huge)); rd.result != resultOK || rd.m.Waiting != 1 {
+		t.Fatalf("huge line: %v %+v", rd.result, rd.m)
+	}
+	for k := range r.s.cache.m {
+		if len(k) > maxCachedKey {
+			t.Fatalf("a %d-byte key was cached", len(k))
+		}
+	}
+	for i := range 3 * maxCached {
+		page := "vllm:num_requests_waiting{pad=\"" + strings.Repeat("y", 500) + "\"} " + strconv.Itoa(i) + "\n"
+		if rd := r.read([]byte(page)); rd.result != resultMissing || rd.m.HasQueue {
+			t.Fatalf("page %d: %v %+v", i, rd.result, rd.m)
+		}
+		if n, b := len(r.s.cache.m), r.s.cache.bytes; n > maxCached || b > maxCachedBytes {
+			t.Fatalf("after page %d: %d entries, %d bytes", i, n, b)
+		}
+	}
+}
