@@ -28,8 +28,9 @@ import (
 	"github.com/kvpick/kvpick/pkg/router"
 )
 
-// Observer learns every metrics update, on the scraping goroutine (router.Pipeline's
-// MetricsUpdated fans it out to the plugins that want it).
+// Observer learns every metrics update (router.Pipeline's MetricsUpdated fans it out to the
+// plugins that want it). It is called on the endpoint's scrape loop, after SetMetrics: in order
+// for one endpoint, concurrently across endpoints.
 type Observer interface {
 	MetricsUpdated(ep *router.Endpoint, m *router.Metrics)
 }
