@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"io"
 	"net"
-	"os"
 	"strings"
 	"testing"
 )
@@ -28,35 +26,5 @@ func TestBusyPortSuggestsListen(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--listen") || !strings.Contains(err.Error(), addr) ||
 		!strings.Contains(err.Error(), "in use") {
 		t.Fatalf("run with a busy --listen address: %v", err)
-	}
-}
-
-// TestLoadProgressIsLinesWhenNotATerminal runs the comparison with stderr a pipe, as in CI:
-// the progress must be plain lines, not a bar redrawn with carriage returns.
-func TestLoadProgressIsLinesWhenNotATerminal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the demo workload twice")
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	copied := make(chan struct{})
-	go func() { _, _ = io.Copy(&stderr, r); close(copied) }()
-	err = run([]string{"load", "--concurrency", "4", "--log-level", "error"}, io.Discard, w)
-	w.Close()
-	<-copied
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := stderr.String()
-	if strings.ContainsRune(out, '\r') {
-		t.Errorf("carriage returns in the progress written to a pipe:\n%q", out)
-	}
-	for _, policy := range []string{"picker", "round-robin"} {
-		if !strings.Contains(out, policy) || !strings.Contains(out, "requests") {
-			t.Errorf("no progress line for %s:\n%s", policy, out)
-		}
 	}
 }

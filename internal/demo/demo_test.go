@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -100,7 +101,21 @@ func TestPickerBeatsRoundRobinOnTheDemoWorkload(t *testing.T) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
-	if !strings.Contains(progress.String(), "100%") {
-		t.Errorf("progress bar never reached 100%%: %q", progress.String())
+	// Progress to something that is not a terminal (a buffer, as a pipe or a CI log): one
+	// plain line per run at least, never a carriage return.
+	if strings.ContainsRune(progress.String(), '\r') {
+		t.Errorf("carriage returns in progress written to a non-terminal: %q", progress.String())
+	}
+	for _, policy := range []string{"picker", "round-robin"} {
+		found := false
+		for _, line := range strings.Split(progress.String(), "\n") {
+			if strings.HasPrefix(line, policy) && strings.Contains(line, "100%") &&
+				strings.Contains(line, fmt.Sprintf("%d/%d requests", w.Requests(), w.Requests())) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no final progress line for %s: %q", policy, progress.String())
+		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/kvpick/kvpick/internal/dataplane"
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
 // HealthPath is answered by the gateway itself (200) instead of being proxied: it says the
@@ -57,10 +58,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	// Envoy generates x-request-id before any filter runs; the picker logs with it.
-	id := r.Header.Get("x-request-id")
+	id := r.Header.Get(gateway.RequestIDHeader)
 	if id == "" {
 		id = newRequestID()
-		r.Header.Set("x-request-id", id)
+		r.Header.Set(gateway.RequestIDHeader, id)
 	}
 	log := g.o.Log.With(zap.String("request_id", id))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.o.MaxBodyBytes))
