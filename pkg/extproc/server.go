@@ -336,11 +336,11 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		// never end. Route as soon as the body is a complete JSON object instead. The scanner
 		// looks at each byte once and says when the top-level object closes: one parse per
 		// stream, however many chunks end in '}'.
+		// Once the object has closed, nothing but whitespace can make the body valid: a body
+		// that does not parse then is answered now (400), not at an end that cannot come.
 		if st.objEnd.feed(b.GetBody()) && !b.GetEndOfStream() && !st.triedEarly {
 			st.triedEarly = true
-			if st.parse(st.buf) == nil {
-				return st.routeParsed(st.buf, false, time.Now())
-			}
+			return st.complete(st.buf, false, false)
 		}
 	}
 	if !b.GetEndOfStream() {

@@ -158,3 +158,32 @@ func lastNonBlank(chunks [][]byte) int {
 	}
 	return -1
 }
+
+// TestStreamedBodyThatClosesInvalidIsRejectedAtOnce: in STREAMED mode the proxy sends trailers
+// only once every chunk is answered, so a complete object that is no valid request must be
+// answered when it closes, not when a body end that cannot come arrives.
+func TestStreamedBodyThatClosesInvalidIsRejectedAtOnce(t *testing.T) {
+	s, p := testServer(t, Options{}, "10.0.0.1:8000")
+	st, ss := newTestStream(s)
+	defer st.finish()
+	if _, err := st.handle(chatHeaders(protocol(streamedM, streamedM, true), "")); err != nil {
+		t.Fatal(err)
+	}
+	var done bool
+	for _, c := range chunkedAfterBraces([]byte(`{"messages":[{"role":"user","content":"no model"}]}`)) {
+		var err error
+		if done, err = st.handle(reqBody(c, false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(ss.out) == 0 {
+		t.Fatal("no answer after the object closed")
+	}
+	im := ss.out[len(ss.out)-1].GetImmediateResponse()
+	if !done || im == nil || im.GetStatus().GetCode() != 400 {
+		t.Fatalf("done %v, last answer %v; want a 400 when the object closed", done, ss.out[len(ss.out)-1])
+	}
+	if n := inFlight(p); n != 0 {
+		t.Fatalf("in flight %d", n)
+	}
+}
