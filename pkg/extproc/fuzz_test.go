@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"io"
 	"runtime"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvpick/kvpick/config"
@@ -123,7 +126,7 @@ func decodeStream(data []byte) fuzzStream {
 			if param&2 != 0 {
 				path = "/v1/files"
 			}
-			hs := []*corev3.HeaderValue{hdr(":method", "POST"), hdr(":path", path), hdr("x-request-id", "fuzz")}
+			hs := []*corev3.HeaderValue{hdr(":method", "POST"), hdr(":path", path), hdr("x-request-id", "fuzz"), hdr(ExplainHeader, "1")}
 			if param&4 != 0 {
 				hs = append(hs, hdr("content-length", "33554432"))
 			}
@@ -201,10 +204,16 @@ func FuzzStream(f *testing.F) {
 		f.Add(s)
 	}
 	servers := make([]fuzzServer, len(fuzzAssumed))
+	// Every other server explains its decisions, in the debug log and the header the fuzzed
+	// requests ask for: that path runs too.
+	debug := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.DebugLevel))
 	for i, mode := range fuzzAssumed {
 		reg := prometheus.NewRegistry()
-		s, p := buildTestServer(f, Options{MaxBodyBytes: fuzzMaxBody, ChunkBytes: 100, AssumedBodyMode: mode, Metrics: NewMetrics(reg)},
-			config.Default().Plugins, nil, reg, fuzzPool...)
+		opt := Options{MaxBodyBytes: fuzzMaxBody, ChunkBytes: 100, AssumedBodyMode: mode, Metrics: NewMetrics(reg)}
+		if i%2 == 1 {
+			opt.Log, opt.ExplainHeader, opt.MatchBlocks = debug, true, prefixMatch
+		}
+		s, p := buildTestServer(f, opt, config.Default().Plugins, nil, reg, fuzzPool...)
 		servers[i] = fuzzServer{s, p, reg}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -288,8 +297,12 @@ func streamSeeds() [][]byte {
 		{5, 0},
 	} {
 		for _, trailers := range []bool{false, true} {
+			server := m.assumed
+			if trailers && m.cfg != 0 {
+				server = 1 // a server that explains (with protocol_config its assumed mode is moot)
+			}
 			for body := range byte(len(fuzzBodies)) {
-				seeds = append(seeds, append([]byte{m.assumed, m.cfg, body, body % 3}, whole(trailers)...))
+				seeds = append(seeds, append([]byte{server, m.cfg, body, body % 3}, whole(trailers)...))
 			}
 		}
 	}
