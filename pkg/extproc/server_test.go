@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	dto "github.com/prometheus/client_model/go"
@@ -445,10 +446,6 @@ func TestCancelledStreamsLeaveNothingBehind(t *testing.T) {
 			t.Run(stage+"/"+name, func(t *testing.T) {
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
-				x, err := h.client.Open(ctx, mode)
-				if err != nil {
-					t.Fatal(err)
-				}
 				body := chatBody(9, 2)
 				req := post("/v1/chat/completions", body)
 				switch stage {
@@ -456,16 +453,42 @@ func TestCancelledStreamsLeaveNothingBehind(t *testing.T) {
 					if mode.RequestBody == filterv3.ProcessingMode_BUFFERED && stage == "mid body" {
 						t.Skip("BUFFERED sends the body in one message: there is no mid-body")
 					}
-					chunks := [][]byte{body[:len(body)/2]}
-					if stage == "after headers" {
-						chunks = nil
+					// Raw messages: the body never ends, so the picker has not answered (routed
+					// or rejected) when the proxy cancels. (The fuzzer and
+					// TestCancelBeforeTheBodyEnds cancel at exact points.)
+					raw, err := extprocv3.NewExternalProcessorClient(h.conn).Process(ctx)
+					if err != nil {
+						t.Fatal(err)
 					}
-					go func() {
-						_, _ = x.Request(&dataplane.HTTPRequest{Method: "POST", Path: req.Path, Chunks: append(chunks, nil), Body: body})
-					}()
-					time.Sleep(20 * time.Millisecond)
-					x.Cancel()
+					err = raw.Send(&extprocv3.ProcessingRequest{
+						ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode.RequestBody, ResponseBodyMode: mode.ResponseBody},
+						Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{
+							Headers: []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte(req.Path)}},
+						}}},
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if mode.RequestBody == filterv3.ProcessingMode_BUFFERED {
+						// The headers' answer: the picker holds the request, waiting for its body.
+						if r, err := raw.Recv(); err != nil || r.GetRequestHeaders() == nil {
+							t.Fatalf("headers answer %v, %v", r, err)
+						}
+					}
+					if stage == "mid body" {
+						err := raw.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+							RequestBody: &extprocv3.HttpBody{Body: body[:len(body)/2]},
+						}})
+						if err != nil {
+							t.Fatal(err)
+						}
+					}
+					cancel()
 				default:
+					x, err := h.client.Open(ctx, mode)
+					if err != nil {
+						t.Fatal(err)
+					}
 					if _, err := x.Request(req); err != nil {
 						t.Fatal(err)
 					}

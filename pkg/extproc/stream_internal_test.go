@@ -8,6 +8,9 @@ import (
 	"testing"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 const (
@@ -185,5 +188,40 @@ func TestStreamedBodyThatClosesInvalidIsRejectedAtOnce(t *testing.T) {
 	}
 	if n := inFlight(p); n != 0 {
 		t.Fatalf("in flight %d", n)
+	}
+}
+
+// TestCancelBeforeTheBodyEnds: a proxy that cancels after the headers or in the middle of the
+// body, before the picker could route, gets Process's cancellation, no route, and leaves no
+// in-flight count. The cancel points are exact here (the gRPC-level test cannot know which
+// message the server had read).
+func TestCancelBeforeTheBodyEnds(t *testing.T) {
+	body := manyMessages(20, "hello")
+	tests := []struct {
+		name     string
+		pc       *extprocv3.ProtocolConfiguration
+		cancelAt int // messages delivered before the cancel
+	}{
+		{"full duplex, after headers", protocol(fullDuplex, fullDuplex, false), 1},
+		{"full duplex, mid body", protocol(fullDuplex, fullDuplex, false), 2},
+		{"streamed, mid body", protocol(streamedM, streamedM, true), 2},
+		{"buffered, after headers", protocol(filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED, false), 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, p := testServer(t, Options{}, "10.0.0.1:8000")
+			ss := newScript(chatHeaders(tc.pc, ""), reqBody(body[:len(body)/2], false), reqBody(body[len(body)/2:], true))
+			ss.cancelAt = tc.cancelAt
+			err := s.Process(ss)
+			if status.Code(err) != codes.Canceled {
+				t.Fatalf("Process returned %v, want Canceled", err)
+			}
+			if routedTo(ss.out) != "" {
+				t.Fatal("routed before the body ended")
+			}
+			if n := inFlight(p); n != 0 {
+				t.Fatalf("in flight %d", n)
+			}
+		})
 	}
 }
