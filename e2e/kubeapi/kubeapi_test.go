@@ -189,10 +189,14 @@ func TestOnlyTheLeaderIsReadyAndAFollowerTakesOver(t *testing.T) {
 			t.Fatalf("the follower reports %v", got)
 		}
 	}
-	// Its discovery is warm: asked directly, it routes.
-	if got := follower.route(t, "to the follower"); got != addr("127.0.0.7", ports[0]) {
-		t.Fatalf("the follower routed to %q", got)
-	}
+	// Its discovery and health checks are warm: asked directly, it routes (once its first
+	// probe of the endpoint has passed, like any picker).
+	eventually(t, "the follower routes", func() string {
+		if got := follower.route(t, "to the follower"); got != addr("127.0.0.7", ports[0]) {
+			return "the follower routed to " + got
+		}
+		return ""
+	})
 
 	leader.stop(t)
 	waitReady(t, follower, "the follower takes over when the leader stops", serving)
@@ -233,12 +237,20 @@ func TestBinaryTakesTheReferenceChartsFlags(t *testing.T) {
 	t.Cleanup(func() { _ = proc.Stop() })
 
 	conn := dial(t, proc.GRPCAddr)
-	routed, _, err := dataplane.New(conn, dataplane.WithMessageTimeout(settle)).Do(ctx, dataplane.FullDuplex(),
-		&dataplane.HTTPRequest{Method: "POST", Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":"hello"}`)},
-		&dataplane.HTTPResponse{Status: http.StatusOK, Body: []byte(`{}`)})
-	if err != nil || routed.Destination != addr("127.0.0.8", ports[0]) {
-		t.Fatalf("routed %+v, %v", routed, err)
-	}
+	// Ready as soon as the pool has an endpoint; the endpoint takes requests after its first
+	// good probe.
+	eventually(t, "the binary routes to the pool's pod", func() string {
+		routed, _, err := dataplane.New(conn, dataplane.WithMessageTimeout(settle)).Do(ctx, dataplane.FullDuplex(),
+			&dataplane.HTTPRequest{Method: "POST", Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":"hello"}`)},
+			&dataplane.HTTPResponse{Status: http.StatusOK, Body: []byte(`{}`)})
+		switch {
+		case err != nil:
+			return err.Error()
+		case routed.Destination != addr("127.0.0.8", ports[0]):
+			return fmt.Sprintf("routed %+v", routed)
+		}
+		return ""
+	})
 	if logs := proc.Logs(); !strings.Contains(logs, "accepted and ignored") || !strings.Contains(logs, "total-queued-requests-metric") {
 		t.Fatalf("no log line naming the ignored flags:\n%s", logs)
 	}
