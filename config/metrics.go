@@ -12,6 +12,11 @@ import (
 type ModelServerMetrics struct {
 	// Path is the metrics page on each endpoint's address.
 	Path string `json:"path"`
+	// FilterFamilies asks for only the families the scraper reads (the query
+	// name[]=<family>&..., which Python's prometheus_client honours): a page of ~1 KB instead
+	// of ~50 KB. A server that ignores the query answers the whole page, which is read as
+	// usual; one that answers with none of the families is asked for the whole page.
+	FilterFamilies bool `json:"filterFamilies"`
 	// RefreshInterval is the time between two scrapes of one endpoint; 0 disables scraping.
 	RefreshInterval Duration `json:"refreshInterval"`
 	// Timeout bounds one scrape, from sending the request to the end of the body.

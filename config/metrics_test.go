@@ -9,8 +9,13 @@ import (
 func TestModelServerMetricsDefaults(t *testing.T) {
 	m := Default().Pool.Metrics
 	if m.Path != "/metrics" || m.RefreshInterval.D() != 50*time.Millisecond || m.Timeout.D() != 250*time.Millisecond ||
-		m.StalenessThreshold.D() != 500*time.Millisecond || m.MaxBodyBytes != 1<<20 || m.Engine != "auto" || m.Names != (MetricNames{}) {
+		m.StalenessThreshold.D() != 500*time.Millisecond || m.MaxBodyBytes != 1<<20 || m.Engine != "auto" || m.Names != (MetricNames{}) ||
+		!m.FilterFamilies {
 		t.Fatalf("pool.metrics defaults %+v", m)
+	}
+	c, err := Parse([]byte("pool:\n  metrics:\n    filterFamilies: false\n"))
+	if err != nil || c.Pool.Metrics.FilterFamilies {
+		t.Fatalf("filterFamilies: false gives %v, %v", c.Pool.Metrics.FilterFamilies, err)
 	}
 }
 
@@ -31,6 +36,8 @@ func TestModelServerMetricsConfig(t *testing.T) {
 		{"relative path", "pool:\n  metrics:\n    path: metrics\n", `pool.metrics.path "metrics": want an absolute path`},
 		{"path with a space", "pool:\n  metrics:\n    path: '/metrics page'\n", `pool.metrics.path "/metrics page": spaces and control characters must be %-encoded`},
 		{"path with a query", "pool:\n  metrics:\n    path: '/metrics?name[]=vllm:num_requests_waiting'\n", ""},
+		{"filter off", "pool:\n  metrics:\n    filterFamilies: false\n", ""},
+		{"filter not a boolean", "pool:\n  metrics:\n    filterFamilies: sometimes\n", "filterFamilies"},
 		{"no timeout", "pool:\n  metrics:\n    timeout: 0s\n", "pool.metrics.timeout 0s: want more than 0"},
 		{"staleness under two intervals", "pool:\n  metrics:\n    refreshInterval: 1s\n",
 			"pool.metrics.stalenessThreshold 500ms (--metrics-staleness-threshold): want at least twice refreshInterval 1s (--refresh-metrics-interval)"},

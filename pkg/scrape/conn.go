@@ -19,28 +19,36 @@ import (
 // answer is parsed by net/http's own ReadResponse. That takes 15-45% off a scrape's CPU against a
 // net/http Client (docs/benchmarks.md, "Model-server scraping").
 type conn struct {
-	addr    string
-	request []byte // the whole GET request
-	c       net.Conn
-	br      *bufio.Reader
-	wrap    func(net.Conn) net.Conn // tests' hook on new connections
+	addr     string
+	requests [numVariants][]byte // the whole GET request of each variant (nil: not used)
+	status   int                 // the HTTP status of the last answer
+	c        net.Conn
+	br       *bufio.Reader
+	wrap     func(net.Conn) net.Conn // tests' hook on new connections
 }
 
-func newConn(addr, path string) *conn {
-	return &conn{addr: addr, request: []byte("GET " + path + " HTTP/1.1\r\nHost: " + addr +
-		// The classic text format: what the reader selects lines from (OpenMetrics differs).
-		// No Accept-Encoding: gzip cuts a vLLM page ~10x but inflating it costs more CPU than
-		// the rest of the scrape (BenchmarkGunzipPage).
-		"\r\nUser-Agent: kvpick\r\nAccept: text/plain;version=0.0.4\r\n\r\n")}
+func newConn(addr string, paths [numVariants]string) *conn {
+	c := &conn{addr: addr}
+	for v, p := range paths {
+		if p != "" {
+			c.requests[v] = []byte("GET " + p + " HTTP/1.1\r\nHost: " + addr +
+				// The classic text format: what the reader selects lines from (OpenMetrics
+				// differs). No Accept-Encoding: gzip cuts a vLLM page ~10x but inflating it
+				// costs more CPU than the rest of the scrape (BenchmarkGunzipPage).
+				"\r\nUser-Agent: kvpick\r\nAccept: text/plain;version=0.0.4\r\n\r\n")
+		}
+	}
+	return c
 }
 
 // aLongTimeAgo is a deadline that has passed: setting it aborts a blocked read or write.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// get sends the request and reads a 200 answer's body into buf, at most limit bytes, within
-// timeout; ctx's end aborts it. Any failure closes the connection; the next get dials again.
-func (c *conn) get(ctx context.Context, timeout time.Duration, limit int64, buf *[]byte) (result, error) {
-	deadline := time.Now().Add(timeout)
+// get sends variant v's request and reads a 200 answer's body into buf, at most limit bytes,
+// before deadline; ctx's end aborts it. Any failure but a short error page closes the
+// connection; the next get dials again.
+func (c *conn) get(ctx context.Context, deadline time.Time, v variant, limit int64, buf *[]byte) (result, error) {
+	c.status = 0
 	for attempt := 0; ; attempt++ {
 		reused := c.c != nil
 		if !reused {
@@ -62,7 +70,7 @@ func (c *conn) get(ctx context.Context, timeout time.Duration, limit int64, buf 
 		nc := c.c
 		_ = nc.SetDeadline(deadline)
 		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(aLongTimeAgo) })
-		res, err, retry := c.roundTrip(limit, buf)
+		res, err, retry := c.roundTrip(c.requests[v], limit, buf)
 		stop()
 		if err == nil {
 			return resultOK, nil
@@ -81,8 +89,8 @@ func (c *conn) get(ctx context.Context, timeout time.Duration, limit int64, buf 
 
 // roundTrip writes the request and reads the answer. retry reports a failure before any byte of
 // an answer, the sign of a connection the server closed.
-func (c *conn) roundTrip(limit int64, buf *[]byte) (res result, err error, retry bool) {
-	if _, err := c.c.Write(c.request); err != nil {
+func (c *conn) roundTrip(request []byte, limit int64, buf *[]byte) (res result, err error, retry bool) {
+	if _, err := c.c.Write(request); err != nil {
 		return classify(err), err, true
 	}
 	if _, err := c.br.Peek(1); err != nil {
@@ -93,6 +101,7 @@ func (c *conn) roundTrip(limit int64, buf *[]byte) (res result, err error, retry
 		return resultError, fmt.Errorf("bad HTTP answer: %w", err), false
 	}
 	defer resp.Body.Close()
+	c.status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
 		// Read a short error page to keep the connection; give a long one up with it.
 		if n, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 4097)); err != nil || n > 4096 || resp.Close {

@@ -44,6 +44,9 @@ var (
 		"KV cache blocks of the endpoint (SGLang: tokens), as its last good scrape reported.", []string{"endpoint"}, nil)
 	blockSizeDesc = prometheus.NewDesc("kvpick_model_server_block_size_tokens",
 		"Tokens per KV cache block of the endpoint (SGLang: 1).", []string{"endpoint"}, nil)
+	pageBytesDesc = prometheus.NewDesc("kvpick_model_server_metrics_page_bytes",
+		"Size of the endpoint's last metrics page: ~1 KB when the server filters it by name (pool.metrics.filterFamilies), ~50 KB for a whole vLLM page.",
+		[]string{"endpoint"}, nil)
 	ageDesc = prometheus.NewDesc("kvpick_model_server_metrics_age_seconds",
 		"Time since the endpoint's last good scrape; beyond pool.metrics.stalenessThreshold the picker ignores it.",
 		[]string{"endpoint"}, nil)
@@ -54,7 +57,7 @@ var (
 type collector Scraper
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{scrapesDesc, waitingDesc, runningDesc, kvUsageDesc, blocksDesc, blockSizeDesc, ageDesc} {
+	for _, d := range []*prometheus.Desc{scrapesDesc, waitingDesc, runningDesc, kvUsageDesc, blocksDesc, blockSizeDesc, pageBytesDesc, ageDesc} {
 		ch <- d
 	}
 }
@@ -79,6 +82,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			if n := l.counts[r].Load(); n > 0 || r == resultOK {
 				ch <- prometheus.MustNewConstMetric(scrapesDesc, prometheus.CounterValue, float64(n), addr, r.String())
 			}
+		}
+		if n := l.pageBytes.Load(); n > 0 {
+			gauge(pageBytesDesc, float64(n), addr)
 		}
 		m := l.ep.Metrics()
 		if m == nil {

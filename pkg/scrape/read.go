@@ -53,6 +53,7 @@ type reader struct {
 
 	misses []int  // families to parse
 	joined []byte // their lines, for one pass of the parser
+	others int    // TYPE lines of families not read: the page holds more than was asked for
 }
 
 // value is what one family says.
@@ -78,6 +79,7 @@ type reading struct {
 	result    result
 	detail    string // for the log: what was missing, invalid or unparsable
 	truncated string // families with more than maxSeriesPerFamily series
+	others    int    // families on the page that the scraper does not read (TYPE lines)
 }
 
 func newReader(s *schema) *reader {
@@ -97,7 +99,7 @@ func newReader(s *schema) *reader {
 func (r *reader) read(body []byte) reading {
 	r.selectLines(body)
 	r.parseSelected()
-	var rd reading
+	rd := reading{others: r.others}
 	for f, err := range r.err {
 		if err != nil {
 			rd.result = resultUnparsable
@@ -211,6 +213,7 @@ func (r *reader) selectLines(body []byte) {
 	if cap(r.joined) > maxKeptLines {
 		r.joined = nil
 	}
+	r.others = 0
 	for len(body) > 0 {
 		var line []byte
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -229,6 +232,9 @@ func (r *reader) selectLines(body []byte) {
 			name = bytes.TrimLeft(line, " \t")
 		}
 		if r.s.prefixFilter && (len(name) < 8 || !r.s.hasPrefix(binary.LittleEndian.Uint64(name))) {
+			if isType {
+				r.others++
+			}
 			continue
 		}
 		end := 0
@@ -237,6 +243,9 @@ func (r *reader) selectLines(body []byte) {
 		}
 		f, ok := r.s.byName[string(name[:end])]
 		if !ok {
+			if isType {
+				r.others++
+			}
 			continue
 		}
 		if !isType {

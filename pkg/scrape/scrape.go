@@ -51,6 +51,7 @@ type Options struct {
 type Scraper struct {
 	cfg      config.ModelServerMetrics
 	schema   *schema
+	paths    [numVariants]string // request targets (request.go)
 	pool     router.Endpoints
 	log      *zap.Logger
 	observer Observer
@@ -77,9 +78,14 @@ func New(cfg config.ModelServerMetrics, o Options) (*Scraper, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	var names []string
+	for _, f := range sc.families {
+		names = append(names, f.name)
+	}
 	s := &Scraper{
 		cfg:      cfg,
 		schema:   sc,
+		paths:    requestPaths(cfg.Path, cfg.FilterFamilies, names),
 		pool:     o.Pool,
 		log:      log.With(zap.String("component", "metrics-scraper")),
 		observer: o.Observer,
@@ -169,7 +175,8 @@ func (s *Scraper) startLocked(l *loop) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	l.cancel = cancel
 	l.rd = newReader(s.schema)
-	l.conn = newConn(l.ep.Addr, s.cfg.Path)
+	l.choice = newChoice(s.paths)
+	l.conn = newConn(l.ep.Addr, s.paths)
 	l.conn.wrap = s.wrapConn
 	s.running.Add(1)
 	go func() {
@@ -186,17 +193,20 @@ type loop struct {
 	cancel context.CancelFunc // set when the goroutine starts
 	rd     *reader
 	conn   *conn
+	choice choice // touched only by the loop's goroutine
 
-	counts [numResults]atomic.Uint64
+	counts    [numResults]atomic.Uint64
+	pageBytes atomic.Int64 // the size of the last page read
 
 	// Log state, touched only by the loop's goroutine.
-	prev       result // the last scrape's result
-	logged     result // the result last logged (ok until a line says otherwise)
-	loggedAt   time.Time
-	changes    int // results that differed from the one before, since the last log line
-	failures   int // scrapes that did not publish since the last one that did
-	engine     string
-	truncation bool
+	prev         result // the last scrape's result
+	logged       result // the result last logged (ok until a line says otherwise)
+	loggedAt     time.Time
+	changes      int // results that differed from the one before, since the last log line
+	failures     int // scrapes that did not publish since the last one that did
+	engine       string
+	truncation   bool
+	loggedFilter answer // how the server answered the filter, as last logged (logRequest)
 }
 
 func (s *Scraper) loop(ctx context.Context, l *loop) {
@@ -221,26 +231,42 @@ func (s *Scraper) loop(ctx context.Context, l *loop) {
 	}
 }
 
-// scrapeOnce scrapes l's endpoint once and publishes what it read.
+// scrapeOnce scrapes l's endpoint once and publishes what it read. It sends the loop's chosen
+// request and, when the answer holds none of the families but another request may (see
+// variant), that one at once, all within one timeout.
 func (s *Scraper) scrapeOnce(ctx context.Context, l *loop) {
 	start := time.Now()
-	// Taken before the request leaves: picks after this are requests the page cannot show.
-	picks := l.ep.Picks()
-	body, res, err := s.fetch(ctx, l)
-	if ctx.Err() != nil {
-		putBuf(body)
-		return // the endpoint left the pool or the picker is stopping: nothing to record
+	deadline := start.Add(s.cfg.Timeout.D())
+	saved := l.choice
+	var (
+		rd    reading
+		res   result
+		err   error
+		picks int64
+		ans   answer
+	)
+	v := l.choice.use
+	for {
+		// Taken before the request leaves: picks after this are requests the page cannot show.
+		picks = l.ep.Picks()
+		rd, res, err = s.fetch(ctx, l, v, deadline)
+		if ctx.Err() != nil {
+			return // the endpoint left the pool or the picker is stopping: nothing to record
+		}
+		ans = classifyAnswer(res, l.conn.status, rd)
+		next, again := l.choice.after(v, ans, time.Now())
+		if !again {
+			break
+		}
+		v = next
 	}
-	var rd reading
-	if res == resultOK {
-		rd = l.rd.read(*body)
+	if ans == answerNone && v != saved.use {
+		// No request found the families: nothing was learnt about the requests (the server
+		// reports none yet, or its page moved), so the cheapest stays in use.
+		l.choice = saved
 	}
-	putBuf(body)
 	now := time.Now()
 	s.duration.Observe(now.Sub(start).Seconds())
-	if res == resultOK {
-		res = rd.result
-	}
 	l.counts[res].Add(1)
 
 	failed := l.failures
@@ -257,18 +283,21 @@ func (s *Scraper) scrapeOnce(ctx context.Context, l *loop) {
 	} else {
 		l.failures++
 	}
+	s.logRequest(l, v, ans)
 	s.logState(l, res, rd, err, failed, now)
 }
 
-// fetch GETs the endpoint's metrics page into a pooled buffer.
-func (s *Scraper) fetch(ctx context.Context, l *loop) (*[]byte, result, error) {
+// fetch sends variant v's request and reads the page of a 200 answer.
+func (s *Scraper) fetch(ctx context.Context, l *loop, v variant, deadline time.Time) (reading, result, error) {
 	buf := getBuf()
-	res, err := l.conn.get(ctx, s.cfg.Timeout.D(), s.cfg.MaxBodyBytes, buf)
+	defer putBuf(buf)
+	res, err := l.conn.get(ctx, deadline, v, s.cfg.MaxBodyBytes, buf)
 	if err != nil {
-		putBuf(buf)
-		return nil, res, err
+		return reading{}, res, err
 	}
-	return buf, resultOK, nil
+	l.pageBytes.Store(int64(len(*buf)))
+	rd := l.rd.read(*buf)
+	return rd, rd.result, nil
 }
 
 // readBody reads r into *buf, at most limit bytes; size is the announced length (-1: unknown).
@@ -313,6 +342,37 @@ func putBuf(p *[]byte) {
 	}
 	*p = (*p)[:0]
 	bufs.Put(p)
+}
+
+// logRequest logs how the server answers the filtered request when that changes: rarely, since
+// a request given up on is not tried again for filterRetry.
+func (s *Scraper) logRequest(l *loop, v variant, a answer) {
+	if l.choice.paths[variantFiltered] == "" || a == answerFailed || a == answerNone {
+		return
+	}
+	kind := a // answerFiltered or answerWhole: the server filters, or ignores the filter
+	if v == variantWhole {
+		kind = answerNone // the filter was given up on
+	}
+	if kind == l.loggedFilter {
+		return
+	}
+	first := l.loggedFilter == answerFailed
+	l.loggedFilter = kind
+	if first && kind == answerFiltered && v == variantFiltered {
+		return // as configured: nothing to say
+	}
+	fields := []zap.Field{zap.String("endpoint", l.ep.Addr), zap.String("request", l.choice.paths[v]),
+		zap.Int64("page_bytes", l.pageBytes.Load())}
+	switch kind {
+	case answerNone:
+		s.log.Info("model server metrics: asking for the whole page (the filtered request got no family)",
+			append(fields, zap.Duration("filter_retry", filterRetry))...)
+	case answerFiltered:
+		s.log.Info("model server metrics: the server sends only the families asked for", fields...)
+	default:
+		s.log.Info("model server metrics: the server ignores the name[] filter and sends the whole page", fields...)
+	}
 }
 
 // logEvery rate-limits one endpoint's log lines: a state (ok, timeout, ...) is logged when it

@@ -8,9 +8,16 @@ import (
 	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 )
 
-func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_ = servermetrics.Write(w, s.eng, s.opts.Metrics)
+// metrics serves GET /metrics and every path under it, as vLLM's routes do (SGLang's too):
+// the query name[]=... is answered as the exposition says (by default the flavor's: vLLM
+// sends its whole page on /metrics and only the named series on /metrics/).
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	o := s.opts.Metrics
+	e := o.Exposition
+	if e == "" {
+		e = servermetrics.DefaultExposition(o.Flavor)
+	}
+	e.WriteAnswer(w, r, servermetrics.Render(s.eng.Config(), s.eng.Stats(), s.eng.Clock().Now(), o))
 }
 
 // WriteMetrics writes eng's /metrics page with vLLM's current names, as a

@@ -535,3 +535,61 @@ func TestMetricsEndpoint(t *testing.T) {
 		})
 	}
 }
+
+// The query name[]=... is answered as the flavor's servers do by default: vLLM sends the
+// whole page on /metrics (prometheus-fastapi-instrumentator's route) and only the named
+// series on /metrics/ (prometheus_client's application mounted behind it); SGLang's
+// multiprocess registry sends an empty page; Options.Metrics.Exposition overrides it.
+func TestMetricsNameFilter(t *testing.T) {
+	const query = "?name%5B%5D=vllm%3Anum_requests_waiting&name%5B%5D=sglang%3Anum_queue_reqs"
+	tests := []struct {
+		name string
+		opts servermetrics.Options
+		path string
+		want []string // families; nil: the whole page
+	}{
+		{"vLLM /metrics", servermetrics.Options{}, "/metrics", nil},
+		{"vLLM /metrics/", servermetrics.Options{}, "/metrics/", []string{"vllm:num_requests_waiting"}},
+		{"vLLM below /metrics/", servermetrics.Options{}, "/metrics/x", []string{"vllm:num_requests_waiting"}},
+		{"vLLM with a plain prometheus_client app", servermetrics.Options{Exposition: servermetrics.ExpositionFiltered}, "/metrics", []string{"vllm:num_requests_waiting"}},
+		{"SGLang /metrics", servermetrics.Options{Flavor: servermetrics.SGLang}, "/metrics", []string{}},
+		{"SGLang /metrics/", servermetrics.Options{Flavor: servermetrics.SGLang}, "/metrics/", []string{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, _ := newServer(t, nil, Options{Metrics: tt.opts})
+			get := func(target string) (int, []byte) {
+				resp, err := http.Get(srv.URL + target)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.StatusCode, b
+			}
+			code, whole := get("/metrics")
+			if code != 200 || len(whole) < 10_000 {
+				t.Fatalf("whole page: status %d, %d bytes", code, len(whole))
+			}
+			code, got := get(tt.path + query)
+			if code != 200 {
+				t.Fatalf("status %d", code)
+			}
+			var fams []string
+			for _, l := range strings.Split(string(got), "\n") {
+				if f, ok := strings.CutPrefix(l, "# TYPE "); ok {
+					fams = append(fams, strings.Fields(f)[0])
+				}
+			}
+			switch {
+			case tt.want == nil && len(got) < 10_000:
+				t.Fatalf("got %d bytes (%v), want the whole page", len(got), fams)
+			case tt.want != nil && strings.Join(fams, ",") != strings.Join(tt.want, ","):
+				t.Fatalf("families %v, want %v", fams, tt.want)
+			}
+		})
+	}
+}

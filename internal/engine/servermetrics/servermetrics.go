@@ -65,6 +65,9 @@ type Options struct {
 	// Started is when the server started (the counters' _created samples);
 	// zero means the page's time.
 	Started time.Time
+	// Exposition is how the server answers a request that names series
+	// (name[]=...); empty means DefaultExposition(Flavor).
+	Exposition Exposition
 }
 
 // Write writes eng's /metrics page in o's flavor.
