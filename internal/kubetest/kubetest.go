@@ -154,10 +154,13 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		}
 	}()
 
-	if err := c.startEtcd(ctx, o.AssetsDir); err != nil {
+	// Ports are chosen free, then bound by the child: another process (a test package running
+	// beside this one) may take one in between. A process that exits before it is ready is
+	// retried on new ports; one that hangs is not.
+	if err := retry(&c.etcd, func() error { return c.startEtcd(ctx, o.AssetsDir) }); err != nil {
 		return nil, err
 	}
-	if err := c.startAPIServer(ctx, o.AssetsDir, o.ExtraAPIServerArgs); err != nil {
+	if err := retry(&c.apiserver, func() error { return c.startAPIServer(ctx, o.AssetsDir, o.ExtraAPIServerArgs) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -211,6 +214,10 @@ func (c *Cluster) stop() error {
 func (c *Cluster) startEtcd(ctx context.Context, assets string) error {
 	ports, err := freePorts(2)
 	if err != nil {
+		return err
+	}
+	// A fresh data directory: one left by a start that failed remembers its peer address.
+	if err := os.RemoveAll(filepath.Join(c.dir, "etcd")); err != nil {
 		return err
 	}
 	client := "http://127.0.0.1:" + strconv.Itoa(ports[0])
@@ -292,6 +299,26 @@ func (c *Cluster) startAPIServer(ctx context.Context, assets string, extra []str
 		return err
 	}
 	return p.waitHTTP(ctx, hc, host+"/readyz", "kube-apiserver")
+}
+
+// retry runs start up to three times while the process it started exited early.
+func retry(p **proc, start func() error) error {
+	var err error
+	for range 3 {
+		if err = start(); err == nil {
+			return nil
+		}
+		if *p == nil {
+			return err
+		}
+		select {
+		case <-(*p).done: // exited: try again on other ports
+			*p = nil
+		default:
+			return err // still running but not ready: not a port clash
+		}
+	}
+	return err
 }
 
 // proc is a started child process whose output goes to a log file.
