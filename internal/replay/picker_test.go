@@ -281,15 +281,18 @@ func TestFailedRequestsCreateNoAffinity(t *testing.T) {
 			t.Fatal(err)
 		}
 		hits, _ := value(sc, "kvpick_prefix_predicted_hit_blocks_total")
-		top := slices.Max(counts)
+		// The share on the two engines that got most of them: the picker lets a prefix that
+		// several requests wait for spread to a second engine.
+		sorted := slices.Clone(counts)
+		slices.Sort(sorted)
+		top := sorted[len(sorted)-1] + sorted[len(sorted)-2]
 		t.Logf("fail=%v: group requests per engine %v, predicted hit blocks %v", fail, counts, hits)
 		return float64(top) / float64(n), hits
 	}
 	okShare, okHits := run(false)
 	failShare, failHits := run(true)
-	// 4 engines: without affinity a quarter each. The picker trades affinity against load (the
-	// background keeps the engines uneven), so the control asks for a clear majority, not all.
-	if okShare < 0.6 || okHits == 0 {
+	// 4 engines: without affinity two engines get about half; with it nearly all.
+	if okShare < 0.85 || okHits == 0 {
 		t.Fatalf("control: successful requests of a group should stick (share %.2f, predicted hits %v)", okShare, okHits)
 	}
 	if failHits != 0 {
@@ -298,8 +301,8 @@ func TestFailedRequestsCreateNoAffinity(t *testing.T) {
 	// Without affinity the group's requests go to the least-loaded endpoint; ties (frequent: the
 	// background is balanced by the same rule) go to the group's rendezvous endpoint, which is
 	// why some concentration remains.
-	if failShare > 0.75 || failShare > okShare-0.25 {
-		t.Fatalf("failed requests stick: %.0f%% of the group on one engine (%.0f%% when they succeed)", 100*failShare, 100*okShare)
+	if failShare > 0.8 || failShare > okShare-0.15 {
+		t.Fatalf("failed requests stick: %.0f%% of the group on two engines (%.0f%% when they succeed)", 100*failShare, 100*okShare)
 	}
 }
 
