@@ -188,10 +188,24 @@ func (p *Pipeline) Schedule(ctx context.Context, req *Request) (Decision, error)
 	}
 	d.Endpoint.AddInFlight(1)
 	req.PickSeq = d.Endpoint.countPick()
-	for _, x := range p.picked {
-		x.Picked(req, d.Endpoint)
-	}
+	p.notifyPicked(req, d.Endpoint)
 	return d, nil
+}
+
+// notifyPicked tells the PickObservers. If one panics the caller never learns the decision,
+// so it could never call Done: the request is ended here (in-flight count, every plugin's
+// state) before the panic goes on to the server's recovery.
+func (p *Pipeline) notifyPicked(req *Request, ep *Endpoint) {
+	ok := false
+	defer func() {
+		if !ok {
+			p.Done(req, ep)
+		}
+	}()
+	for _, x := range p.picked {
+		x.Picked(req, ep)
+	}
+	ok = true
 }
 
 // rankOthers returns up to n endpoints other than eps[skip], by descending score.

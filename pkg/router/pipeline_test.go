@@ -224,3 +224,26 @@ func TestRequestStateIsPerKey(t *testing.T) {
 		t.Fatal("state survived Reset")
 	}
 }
+
+type panicOnPick struct{}
+
+func (panicOnPick) Name() string                             { return "panic-on-pick" }
+func (panicOnPick) Picked(*router.Request, *router.Endpoint) { panic("boom") }
+
+// TestAPanickingPickObserverLeavesNothingInFlight: the caller never learns a decision whose
+// observers panicked, so the pipeline must end the request itself.
+func TestAPanickingPickObserverLeavesNothingInFlight(t *testing.T) {
+	eps := endpoints(1)
+	p, err := router.New(router.Config{Pool: eps, Plugins: []router.Plugin{maxPicker{}, panicOnPick{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = p.Schedule(context.Background(), &router.Request{})
+		t.Fatal("the observer's panic did not reach the caller")
+	}()
+	if n := eps[0].InFlight(); n != 0 {
+		t.Fatalf("in flight %d after a panicking observer, want 0", n)
+	}
+}
