@@ -73,7 +73,7 @@ func TestScenariosAgainstARunningPicker(t *testing.T) {
 	common := []string{"--picker-addr", g, "--metrics-addr", m, "--quiet"}
 	for name, args := range map[string][]string{
 		"throughput": {"--duration", "1s", "--warmup", "200ms", "--concurrency", "4", "--body-bytes", "8192", "--conversations", "8"},
-		"streams":    {"--streams", "200", "--hold", "200ms", "--tokens-min", "10", "--tokens-max", "20", "--token-gap", "1ms"},
+		"streams":    {"--streams", "200", "--hold", "200ms", "--tokens-min", "10", "--tokens-max", "20", "--token-gap", "1ms", "--settle-timeout", "1m"},
 		"churn": {"--exchanges", "400", "--interval", "50ms", "--concurrency", "2", "--min-bytes", "4096", "--max-bytes", "8192",
 			"--bound", "400", "--csv", "CSV"},
 	} {
