@@ -24,8 +24,8 @@ func sseChunk(delta, finish string) string {
 		Model, delta, finish)
 }
 
-// The response bodies. wholeResponse is a short answer of 8 tokens and [DONE] in one ~1.4 KB
-// chunk; tokenChunks are single-token events of ~190 bytes (a word each); doneChunk ends a
+// The response bodies. wholeResponse is a short answer of 8 tokens and [DONE] in one ~1.8 KB
+// chunk; tokenChunks are single-token events of ~220 bytes (a word each); doneChunk ends a
 // token stream.
 var (
 	wholeResponse = func() []byte {
