@@ -56,12 +56,19 @@ type Params struct {
 	// RequestOverheadBlocks is the fixed cost of one queued request, in blocks: the scheduling
 	// and launch overhead of a prefill, which caching does not shrink.
 	RequestOverheadBlocks int `json:"requestOverheadBlocks"`
+	// CostScaleBlocks is the least difference in cost, in blocks, that takes an endpoint's score
+	// from 1 to 0: differences are weighed against the cheapest endpoint's cost or this,
+	// whichever is larger.
+	CostScaleBlocks int `json:"costScaleBlocks"`
 }
 
 // Validate names the first bad field.
 func (p Params) Validate() error {
 	if p.RequestOverheadBlocks < 0 {
 		return fmt.Errorf("requestOverheadBlocks %d: must not be negative", p.RequestOverheadBlocks)
+	}
+	if p.CostScaleBlocks < 0 {
+		return fmt.Errorf("costScaleBlocks %d: must not be negative", p.CostScaleBlocks)
 	}
 	return nil
 }
@@ -130,8 +137,15 @@ func (s *Scorer) work(m prefix.Matches, ep *router.Endpoint) int64 {
 }
 
 // Score implements router.Scorer: 1 for the cheapest endpoint (queue plus own work), falling
-// linearly to 0 at twice its cost, so that differences are weighed against the work itself:
-// ten blocks matter on an idle pool, not behind a queue of ten thousand. The request at the
+// linearly to 0 at a cost higher by the scale: the cheapest endpoint's cost, or
+// CostScaleBlocks if that is more. Relative to the work itself, ten blocks matter less behind
+// a queue of ten thousand; but not relative to a tiny cost: between endpoints whose queues are
+// nearly empty, a difference of a few short requests is within the estimate's noise (the
+// charges of requests whose end the picker has not learnt yet: non-streamed ones, partial
+// prefills a scrape cannot tell apart) and within one engine step's budget, and must not
+// outweigh the load and cache terms.
+//
+// The request at the
 // head of an endpoint's queue is being prefilled already, on average half done, so half of it
 // is taken off: counting it whole made a holder with one long cold prefill in progress look
 // as slow as recomputing the whole prompt elsewhere (replay: shared-prefix requests left the
@@ -153,8 +167,9 @@ func (s *Scorer) Score(_ context.Context, req *router.Request, eps []*router.End
 			least = c
 		}
 	}
+	scale := float64(max(least+1, int64(s.p.CostScaleBlocks)))
 	for i, c := range costs {
-		scores[i] = max(0, 1-float64(c-least)/float64(least+1))
+		scores[i] = max(0, 1-float64(c-least)/scale)
 	}
 	*cp = costs
 	s.costs.Put(cp)

@@ -384,3 +384,32 @@ func TestQueuesOfRemovedEndpointsAreForgotten(t *testing.T) {
 		t.Fatalf("%d queues kept after the last request of a removed endpoint ended", n)
 	}
 }
+
+// TestSmallCostDifferencesAreWeighedAgainstTheScale: between nearly idle endpoints a queue of a
+// few short requests is within the estimate's noise: with a cost scale of 1,024 blocks it
+// moves the score a little; without one (relative to the cheapest cost alone) it decides.
+func TestSmallCostDifferencesAreWeighedAgainstTheScale(t *testing.T) {
+	cases := []struct {
+		scale    int
+		wantLow  float64 // the busier endpoint's score lies in [wantLow, wantHigh]
+		wantHigh float64
+	}{
+		{0, 0, 0.5},
+		{1024, 0.95, 0.99},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("scale=%d", tc.scale), func(t *testing.T) {
+			pf, err := prefill.New(prefill.Params{RequestOverheadBlocks: 2, CostScaleBlocks: tc.scale})
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps := routertest.Endpoints(0, 0)
+			eps[1].AddQueuedPrefill(20) // one short request queued there
+			s := make([]float64, 2)
+			pf.Score(context.Background(), &router.Request{API: openai.APIOther}, eps, s)
+			if s[0] != 1 || s[1] < tc.wantLow || s[1] > tc.wantHigh {
+				t.Fatalf("scores %v, want [1, %v..%v]", s, tc.wantLow, tc.wantHigh)
+			}
+		})
+	}
+}
