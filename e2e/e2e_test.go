@@ -77,7 +77,7 @@ func TestConversationsStickToTheirServerAndReuseItsCache(t *testing.T) {
 	const (
 		conversations = 16
 		turns         = 5
-		// At most 8 requests in flight: the picker's load guard (default margin 8) can
+		// At most 8 requests in flight: the picker's load guard (default margin 16) can
 		// never find an endpoint more than 8 above the least loaded, so affinity must hold.
 		concurrency = 8
 	)
