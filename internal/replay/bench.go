@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvpick/kvpick/internal/engine"
 	"github.com/kvpick/kvpick/internal/engine/servermetrics"
+	"github.com/kvpick/kvpick/internal/progress"
 	"github.com/kvpick/kvpick/internal/promtext"
 )
 
@@ -525,10 +526,14 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 		}
 	}
 	label := fmt.Sprintf("%s/%s/%d/%s", sc.Name, w.Name, seed, pol)
-	bar := newProgressBar(o.Progress, label, len(w.Requests))
-	rc.Progress = bar.update
+	bar := progress.Count(o.Progress, label, "requests", len(w.Requests))
+	rc.Progress = bar.Update
 	res, err := Run(ctx, rc)
-	bar.finish(err)
+	if err != nil {
+		bar.Stop("FAILED")
+	} else {
+		bar.Stop("done")
+	}
 	if err != nil {
 		if rc.Picker != nil && rc.Picker.Logs() != "" {
 			err = fmt.Errorf("%w\npicker log:\n%s", err, rc.Picker.Logs())

@@ -14,6 +14,7 @@ import (
 	"github.com/kvpick/kvpick/internal/dataplane"
 	"github.com/kvpick/kvpick/internal/engine"
 	"github.com/kvpick/kvpick/internal/engine/servermetrics"
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
 // Clock modes.
@@ -465,7 +466,7 @@ func (f *flight) route() (int, bool) {
 	}
 	hs := append(append([]dataplane.Header(nil), requestHeaders...),
 		dataplane.Header{Key: "content-length", Value: strconv.Itoa(len(r.Body))},
-		dataplane.Header{Key: "x-request-id", Value: "replay-" + strconv.Itoa(r.ID)})
+		dataplane.Header{Key: gateway.RequestIDHeader, Value: "replay-" + strconv.Itoa(r.ID)})
 	routed, err := x.Request(&dataplane.HTTPRequest{Method: "POST", Path: r.Path, Authority: "kvpick-replay",
 		Headers: hs, Body: r.Body})
 	f.rec.Decision = time.Since(t0)

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/kvpick/kvpick/internal/dataplane"
+	"github.com/kvpick/kvpick/pkg/gateway"
 )
 
 // exchangeLog interleaves what the fake picker received with the driver's engine events, in
@@ -76,7 +76,7 @@ func (p *fakePicker) Process(srv extprocv3.ExternalProcessor_ProcessServer) erro
 		switch v := msg.GetRequest().(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			for _, h := range v.RequestHeaders.GetHeaders().GetHeaders() {
-				if h.GetKey() == "x-request-id" {
+				if h.GetKey() == gateway.RequestIDHeader {
 					fmt.Sscanf(string(h.GetRawValue()), "replay-%d", &id)
 				}
 			}
@@ -88,12 +88,12 @@ func (p *fakePicker) Process(srv extprocv3.ExternalProcessor_ProcessServer) erro
 			}
 			p.log.add(logged{req: id, kind: "picker:request_body", eos: true})
 			set := []*corev3.HeaderValueOption{
-				{Header: &corev3.HeaderValue{Key: dataplane.DestinationHeader, RawValue: []byte(p.dest)}},
+				{Header: &corev3.HeaderValue{Key: gateway.DestinationHeader, RawValue: []byte(p.dest)}},
 				{Header: &corev3.HeaderValue{Key: "content-length", RawValue: []byte(fmt.Sprint(len(body)))}},
 			}
 			md := &structpb.Struct{Fields: map[string]*structpb.Value{
-				dataplane.LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-					dataplane.DestinationHeader: structpb.NewStringValue(p.dest)}})}}
+				gateway.LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+					gateway.DestinationHeader: structpb.NewStringValue(p.dest)}})}}
 			if err := send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 				RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
 					HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}, ClearRouteCache: true}}},

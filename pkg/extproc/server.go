@@ -2,7 +2,7 @@
 // mode the proxy may be configured with. It reads the request, asks the router pipeline for an
 // endpoint, answers with the x-gateway-destination-endpoint header and the matching envoy.lb
 // dynamic metadata, and follows the response so that the pipeline learns the outcome.
-// ../shared/docs/protocol.md (in the repository: docs/protocol.md) has the rules it follows.
+// docs/protocol.md has the rules it follows.
 package extproc
 
 import (
