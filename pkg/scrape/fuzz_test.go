@@ -37,9 +37,17 @@ func FuzzRead(f *testing.F) {
 		if !m.HasQueue && (m.Waiting != 0 || m.Running != 0) || !m.HasKVUsage && m.KVUsage != 0 {
 			t.Fatalf("values without their Has flag: %+v", m)
 		}
-		// The same page read again gives the same answer (the parse cache must not change it).
+		// The same page read again gives the same answer, and so does a reader that has seen
+		// no page (the parse cache and the kept shapes must not change it).
 		if again := r.read(page); again.result != rd.result || !equalMetrics(again.m, m) {
 			t.Fatalf("second read %v %+v, first %v %+v", again.result, again.m, rd.result, m)
+		}
+		cfg := autoCfg
+		if useCustom {
+			cfg = customCfg
+		}
+		if fresh := mustReader(t, cfg).read(page); fresh.result != rd.result || !equalMetrics(fresh.m, m) {
+			t.Fatalf("fresh reader %v %+v, this one %v %+v", fresh.result, fresh.m, rd.result, m)
 		}
 	})
 }

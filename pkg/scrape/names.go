@@ -175,9 +175,10 @@ func (s *schema) hasPrefix(p uint64) bool {
 // parsing is the reader's largest cost, and most pages repeat lines seen before (the same
 // model's servers report the same small counts; info gauges rarely change).
 type parseCache struct {
-	mu    sync.RWMutex
-	m     map[string]cached
-	bytes int // of the keys
+	mu     sync.RWMutex
+	m      map[string]cached
+	shapes map[string]struct{} // value-only families' lines without their values (reader.shape)
+	bytes  int                 // of the keys of both
 }
 
 type cached struct {
@@ -207,13 +208,42 @@ func (c *parseCache) put(lines []byte, v cached) {
 		return
 	}
 	c.mu.Lock()
-	if len(c.m) >= maxCached || c.bytes+len(lines) > maxCachedBytes {
-		clear(c.m)
-		c.bytes = 0
-	}
+	c.makeRoomLocked(len(lines))
 	if _, ok := c.m[string(lines)]; !ok {
 		c.bytes += len(lines)
 	}
 	c.m[string(lines)] = v
+	c.mu.Unlock()
+}
+
+// makeRoomLocked empties the cache when n more bytes would break its bounds.
+func (c *parseCache) makeRoomLocked(n int) {
+	if len(c.m)+len(c.shapes) >= maxCached || c.bytes+n > maxCachedBytes {
+		clear(c.m)
+		clear(c.shapes)
+		c.bytes = 0
+	}
+}
+
+func (c *parseCache) hasShape(key []byte) bool {
+	c.mu.RLock()
+	_, ok := c.shapes[string(key)]
+	c.mu.RUnlock()
+	return ok
+}
+
+func (c *parseCache) putShape(key []byte) {
+	if len(key) > maxCachedKey {
+		return
+	}
+	c.mu.Lock()
+	if _, ok := c.shapes[string(key)]; !ok {
+		c.makeRoomLocked(len(key))
+		if c.shapes == nil {
+			c.shapes = map[string]struct{}{}
+		}
+		c.shapes[string(key)] = struct{}{}
+		c.bytes += len(key)
+	}
 	c.mu.Unlock()
 }

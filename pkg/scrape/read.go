@@ -3,6 +3,7 @@ package scrape
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -51,9 +52,12 @@ type reader struct {
 	val    []value  // per family: what this page says
 	err    []error  // per family: why its lines did not parse
 
-	misses []int  // families to parse
-	joined []byte // their lines, for one pass of the parser
-	others int    // TYPE lines of families not read: the page holds more than was asked for
+	misses []int     // families to parse
+	joined []byte    // their lines, for one pass of the parser
+	key    []byte    // a family's shape (fromShape)
+	tokens [][2]int  // its value tokens
+	vals   []float64 // their values
+	others int       // TYPE lines of families not read: the page holds more than was asked for
 }
 
 // value is what one family says.
@@ -295,6 +299,10 @@ func (r *reader) parseFamilies(want func(f int) bool) {
 			r.val[f], r.err[f] = c.v, c.err
 			continue
 		}
+		if v, ok := r.fromShape(f); ok {
+			r.val[f] = v
+			continue
+		}
 		r.misses = append(r.misses, f)
 		r.joined = append(r.joined, r.sel[f]...)
 	}
@@ -308,9 +316,91 @@ func (r *reader) parseFamilies(want func(f int) bool) {
 		}
 		if r.err[f] == nil {
 			r.val[f] = r.valueOf(f, mfs)
+			r.keepShape(f, mfs)
 		}
 		r.s.cache.put(r.sel[f], cached{r.val[f], r.err[f]})
 	}
+}
+
+// A value-only field's lines usually change in their values alone (a KV usage is a new float
+// on every scrape): once expfmt has parsed a family's lines, their shape (the lines without
+// the sample values) is kept, and lines of that shape are read by parsing the value tokens
+// the way expfmt does, without a full parse.
+
+// shape writes f's selected lines into r.key with every sample's value token cut off, and
+// the value tokens into r.tokens (offsets into r.sel[f]). A token is what follows a sample
+// line's last space or tab; ok is false when a sample line has none.
+func (r *reader) shape(f int) (ok bool) {
+	r.key, r.tokens = append(r.key[:0], 0), r.tokens[:0] // 0: no selected line starts with it
+	lines := r.sel[f]
+	for off := 0; off < len(lines); {
+		end := off + bytes.IndexByte(lines[off:], '\n') // selectLines ends every line with one
+		line := lines[off:end]
+		if line[0] == '#' {
+			r.key = append(append(r.key, line...), '\n')
+		} else {
+			sp := bytes.LastIndexAny(line, " \t")
+			if sp < 0 {
+				return false
+			}
+			r.key = append(append(r.key, line[:sp+1]...), '\n')
+			r.tokens = append(r.tokens, [2]int{off + sp + 1, end})
+		}
+		off = end + 1
+	}
+	return true
+}
+
+// fromShape reads f from its value tokens when expfmt has parsed lines of the same shape.
+func (r *reader) fromShape(f int) (value, bool) {
+	kind := r.s.families[f].kind
+	if !valueOnly(kind) || !r.shape(f) || !r.s.cache.hasShape(r.key) {
+		return value{}, false
+	}
+	r.vals = r.vals[:0]
+	for _, t := range r.tokens {
+		x, err := parseValue(r.sel[f][t[0]:t[1]])
+		if err != nil {
+			return value{}, false // expfmt will say what is wrong
+		}
+		r.vals = append(r.vals, x)
+	}
+	if len(r.vals) == 0 {
+		return value{}, true // a TYPE line without samples
+	}
+	return aggregate(kind, len(r.vals), func(i int) (float64, bool) { return r.vals[i], true }), true
+}
+
+// keepShape keeps f's shape when expfmt's parse of its lines agrees with reading their value
+// tokens: every sample a gauge, counter or untyped value without a timestamp, in line order.
+func (r *reader) keepShape(f int, mfs map[string]*dto.MetricFamily) {
+	if !valueOnly(r.s.families[f].kind) || !r.shape(f) {
+		return
+	}
+	var ms []*dto.Metric
+	if mf := mfs[r.s.families[f].name]; mf != nil {
+		ms = mf.GetMetric()
+	}
+	if len(ms) != len(r.tokens) {
+		return
+	}
+	for i, t := range r.tokens {
+		want, ok := sampleValue(ms[i])
+		got, err := parseValue(r.sel[f][t[0]:t[1]])
+		if !ok || err != nil || ms[i].TimestampMs != nil || !(got == want || (math.IsNaN(got) && math.IsNaN(want))) {
+			return
+		}
+	}
+	r.s.cache.putShape(r.key)
+}
+
+// parseValue parses a sample value as expfmt does (Go's float syntax, without hexadecimal
+// exponents or digit separators).
+func parseValue(b []byte) (float64, error) {
+	if bytes.ContainsAny(b, "pP_") {
+		return 0, errors.New("unsupported character in float")
+	}
+	return strconv.ParseFloat(string(b), 64)
 }
 
 func (r *reader) valueOf(f int, mfs map[string]*dto.MetricFamily) value {
@@ -343,41 +433,8 @@ func (r *reader) parse(text []byte) (mfs map[string]*dto.MetricFamily, err error
 func extract(kind field, ms []*dto.Metric) value {
 	v := value{found: true}
 	switch kind {
-	case fieldWaiting, fieldRunning, fieldCapacityTokens:
-		limit := float64(maxCount)
-		if kind == fieldCapacityTokens {
-			limit = maxTokens
-		}
-		for _, m := range ms {
-			x, ok := sampleValue(m)
-			switch {
-			case !ok:
-				v.bad = "not a gauge"
-				return v
-			case !(x >= 0 && x <= limit): // also NaN
-				v.bad = "implausible value " + strconv.FormatFloat(x, 'g', -1, 64)
-				return v
-			}
-			v.v += x
-		}
-		v.v = math.Round(v.v)
-		if v.v > limit {
-			v.bad = "implausible sum " + strconv.FormatFloat(v.v, 'g', -1, 64)
-		}
-	case fieldKVUsage:
-		for _, m := range ms {
-			x, ok := sampleValue(m)
-			switch {
-			case !ok:
-				v.bad = "not a gauge"
-				return v
-			case !(x >= 0 && x <= 1+1e-6):
-				v.bad = "value " + strconv.FormatFloat(x, 'g', -1, 64) + " outside 0..1"
-				return v
-			}
-			v.v += min(x, 1)
-		}
-		v.v /= float64(len(ms))
+	case fieldWaiting, fieldRunning, fieldCapacityTokens, fieldKVUsage:
+		return aggregate(kind, len(ms), func(i int) (float64, bool) { return sampleValue(ms[i]) })
 	case fieldCacheConfig:
 		for _, m := range ms {
 			bs, err1 := strconv.Atoi(labelValue(m, "block_size"))
@@ -418,6 +475,47 @@ func extract(kind field, ms []*dto.Metric) value {
 			}
 			v.lora.max = n
 		}
+	}
+	return v
+}
+
+// valueOnly reports whether a field is read from its samples' values alone (not their labels).
+func valueOnly(kind field) bool {
+	return kind == fieldWaiting || kind == fieldRunning || kind == fieldKVUsage || kind == fieldCapacityTokens
+}
+
+// aggregate is what n samples of a value-only field say; sample(i) is the i-th value (false:
+// not a gauge, counter or untyped sample).
+func aggregate(kind field, n int, sample func(i int) (float64, bool)) value {
+	v := value{found: true}
+	limit := float64(maxCount)
+	if kind == fieldCapacityTokens {
+		limit = maxTokens
+	}
+	for i := range n {
+		x, ok := sample(i)
+		switch {
+		case !ok:
+			v.bad = "not a gauge"
+			return v
+		case kind == fieldKVUsage && !(x >= 0 && x <= 1+1e-6): // also NaN
+			v.bad = "value " + strconv.FormatFloat(x, 'g', -1, 64) + " outside 0..1"
+			return v
+		case kind == fieldKVUsage:
+			x = min(x, 1)
+		case !(x >= 0 && x <= limit): // also NaN
+			v.bad = "implausible value " + strconv.FormatFloat(x, 'g', -1, 64)
+			return v
+		}
+		v.v += x
+	}
+	if kind == fieldKVUsage {
+		v.v /= float64(n)
+		return v
+	}
+	v.v = math.Round(v.v)
+	if v.v > limit {
+		v.bad = "implausible sum " + strconv.FormatFloat(v.v, 'g', -1, 64)
 	}
 	return v
 }

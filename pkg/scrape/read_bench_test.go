@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 )
 
 // loadedPages makes vLLM pages as a loaded server writes them: waiting and running vary in
@@ -50,6 +52,25 @@ func newLoadedPages(engines int, seed uint64) *loadedPages {
 	return lp
 }
 
+// filtered returns the pages as a server that honours name[] sends them for names.
+func (lp *loadedPages) filtered(names []string) *loadedPages {
+	out := &loadedPages{rnd: lp.rnd}
+	for _, t := range lp.templates {
+		f := servermetrics.Filter(t, names)
+		var at []int
+		for off := 0; ; {
+			j := bytes.Index(f[off:], []byte(kvPlaceholder))
+			if j < 0 {
+				break
+			}
+			at = append(at, off+j)
+			off += j + len(kvPlaceholder)
+		}
+		out.templates, out.kvAt = append(out.templates, f), append(out.kvAt, at)
+	}
+	return out
+}
+
 // next writes a page into dst (reused) and returns it.
 func (lp *loadedPages) next(dst []byte) []byte {
 	i := lp.rnd.IntN(len(lp.templates))
@@ -62,29 +83,40 @@ func (lp *loadedPages) next(dst []byte) []byte {
 }
 
 // BenchmarkReadPage is the scraper's cost per page of a loaded server: select the wanted
-// lines, parse those not seen before (here: the KV usage, new on every page), build the
-// metrics. uncached clears the parse cache before every page: every family is parsed.
+// lines, read those not seen before (here: the KV usage, new on every page, through its kept
+// shape), build the metrics. filtered: the page as a server that honours name[] sends it;
+// uncached clears the parse cache and the shapes before every page: every family is parsed
+// by expfmt.
 func BenchmarkReadPage(b *testing.B) {
 	for _, bc := range []struct {
-		name     string
-		engines  int
-		uncached bool
-	}{{"vllm-1-engine", 1, false}, {"vllm-2-engines", 2, false}, {"vllm-1-engine-uncached", 1, true}} {
+		name               string
+		engines            int
+		filtered, uncached bool
+	}{{"vllm-1-engine", 1, false, false}, {"vllm-1-engine-filtered", 1, true, false}, {"vllm-2-engines", 2, false, false},
+		{"vllm-1-engine-uncached", 1, false, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			// 512 pages made beforehand; the cache is emptied when they come round again, so
 			// that every KV usage line is new to it (the small counts are parsed again too).
 			lp := newLoadedPages(bc.engines, 1)
+			r := mustReader(b, autoCfg)
+			if bc.filtered {
+				var names []string
+				for _, f := range r.s.families {
+					names = append(names, f.name)
+				}
+				lp = lp.filtered(names)
+			}
 			pages := make([][]byte, 512)
 			for i := range pages {
 				pages[i] = lp.next(nil)
 			}
-			r := mustReader(b, autoCfg)
 			b.SetBytes(int64(len(pages[0])))
 			b.ReportAllocs()
 			defer cpuPerOp(b)()
 			for i := 0; b.Loop(); i++ {
 				if bc.uncached || i%len(pages) == 0 {
 					clear(r.s.cache.m)
+					clear(r.s.cache.shapes)
 				}
 				if rd := r.read(pages[i%len(pages)]); rd.result != resultOK {
 					b.Fatal(rd.result, rd.detail)

@@ -1,7 +1,9 @@
 package scrape
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -341,13 +343,57 @@ func TestParseCacheIsBounded(t *testing.T) {
 			t.Fatalf("a %d-byte key was cached", len(k))
 		}
 	}
+	for k := range r.s.cache.shapes {
+		if len(k) > maxCachedKey {
+			t.Fatalf("a %d-byte shape was cached", len(k))
+		}
+	}
 	for i := range 3 * maxCached {
-		page := "vllm:num_requests_waiting{pad=\"" + strings.Repeat("y", 500) + "\"} " + strconv.Itoa(i) + "\n"
+		// A new label every time: a new entry and a new shape.
+		page := "vllm:num_requests_waiting{i=\"" + strconv.Itoa(i) + "\",pad=\"" + strings.Repeat("y", 500) + "\"} " + strconv.Itoa(i%7) + "\n"
 		if rd := r.read([]byte(page)); rd.result != resultMissing || rd.m.HasQueue {
 			t.Fatalf("page %d: %v %+v", i, rd.result, rd.m)
 		}
-		if n, b := len(r.s.cache.m), r.s.cache.bytes; n > maxCached || b > maxCachedBytes {
+		if n, b := len(r.s.cache.m)+len(r.s.cache.shapes), r.s.cache.bytes; n > maxCached || b > maxCachedBytes {
 			t.Fatalf("after page %d: %d entries, %d bytes", i, n, b)
 		}
+	}
+	if len(r.s.cache.shapes) == 0 {
+		t.Fatal("no shape kept")
+	}
+}
+
+// Lines read through a kept shape (their values alone parsed) read as expfmt reads them:
+// whatever the spacing, labels and values, a reader that has seen pages of the same shape
+// gives what a fresh one gives.
+func TestShapeReadsAgreeWithExpfmt(t *testing.T) {
+	templates := []string{
+		"vllm:num_requests_waiting{engine=\"0\",model_name=\"a b\"} %s\nvllm:num_requests_running %s\nvllm:kv_cache_usage_perc{x=\"} \"} %s\n",
+		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting\t%s\nvllm:num_requests_running{a=\"1\"}   %s\nvllm:kv_cache_usage_perc %s\n",
+		"vllm:num_requests_waiting %s\nvllm:num_requests_waiting{e=\"1\"} %s\nvllm:kv_cache_usage_perc %s 1700000000000\n",
+		"# TYPE vllm:num_requests_waiting counter\nvllm:num_requests_waiting %s\nvllm:num_requests_running %s\nvllm:kv_cache_usage_perc{e=\"0\"} %s\nvllm:kv_cache_usage_perc{e=\"1\"} 0.5\n",
+		"# TYPE vllm:num_requests_waiting histogram\nvllm:num_requests_waiting %s\nvllm:num_requests_running %s\nvllm:kv_cache_usage_perc %s\n",
+		"sglang:num_queue_reqs %s\nsglang:num_running_reqs %s\nsglang:token_usage %s\nsglang:max_total_num_tokens %s\n",
+		// A timestamp that may equal the value: its shape must not be kept.
+		"vllm:num_requests_waiting 1 %s\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.5\n",
+	}
+	values := []string{"0", "3", "7.0", "0.25", "1", "1.0000001", "NaN", "+Inf", "-1", "1e308", "0x1p-2", "1_0", "", "12abc", "2e9"}
+	warm := mustReader(t, autoCfg)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		tmpl := templates[i%len(templates)]
+		args := make([]any, strings.Count(tmpl, "%s"))
+		for j := range args {
+			args[j] = values[rnd.IntN(len(values))]
+		}
+		page := []byte(fmt.Sprintf(tmpl, args...))
+		got := warm.read(page)
+		want := mustReader(t, autoCfg).read(page)
+		if got.result != want.result || !equalMetrics(got.m, want.m) || got.detail != want.detail {
+			t.Fatalf("page %q:\nwarm  %v %+v %q\nfresh %v %+v %q", page, got.result, got.m, got.detail, want.result, want.m, want.detail)
+		}
+	}
+	if len(warm.s.cache.shapes) == 0 {
+		t.Fatal("no shape was kept: the test does not exercise them")
 	}
 }

@@ -12,10 +12,8 @@ package scrape
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -298,31 +296,6 @@ func (s *Scraper) fetch(ctx context.Context, l *loop, v variant, deadline time.T
 	l.pageBytes.Store(int64(len(*buf)))
 	rd := l.rd.read(*buf)
 	return rd, rd.result, nil
-}
-
-// readBody reads r into *buf, at most limit bytes; size is the announced length (-1: unknown).
-func readBody(r io.Reader, size int64, buf *[]byte, limit int64) (result, error) {
-	b := (*buf)[:0]
-	if size >= 0 && int64(cap(b)) < min(size, limit)+1 {
-		b = make([]byte, 0, min(size, limit)+1) // +1: room to see the end without growing
-	}
-	defer func() { *buf = b }()
-	for {
-		if len(b) == cap(b) {
-			b = slices.Grow(b, max(len(b), 4096))
-		}
-		n, err := r.Read(b[len(b):min(int64(cap(b)), limit+1)])
-		b = b[:len(b)+n]
-		if int64(len(b)) > limit {
-			return resultTooLarge, fmt.Errorf("body over pool.metrics.maxBodyBytes %d", limit)
-		}
-		if err == io.EOF {
-			return resultOK, nil
-		}
-		if err != nil {
-			return resultError, err
-		}
-	}
 }
 
 // Body buffers are pooled: few scrapes are in flight at once, so a few buffers serve hundreds

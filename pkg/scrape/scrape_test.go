@@ -613,3 +613,50 @@ func TestConnectionHandling(t *testing.T) {
 		})
 	}
 }
+
+// A scrape blocked on a server that does not answer ends when the picker stops or the
+// endpoint leaves, not at its timeout: on a plain TCP connection (the request written by hand,
+// the answer awaited on the poller) and on a wrapped one (net.Conn's Write and Read).
+func TestStopAbortsAScrapeInFlight(t *testing.T) {
+	for _, wrapped := range []bool{false, true} {
+		t.Run(fmt.Sprint("wrapped ", wrapped), func(t *testing.T) {
+			srv := newPageServer(t, VLLMPage{Waiting: []int{1}, Running: []int{1}, KVUsage: []float64{0.1}}.Render())
+			srv.mu.Lock()
+			srv.block = make(chan struct{})
+			srv.mu.Unlock()
+			cfg := testCfg()
+			cfg.Timeout = config.Duration(time.Hour)
+			cfg.StalenessThreshold = config.Duration(2 * time.Hour)
+			core, _ := observer.New(zap.InfoLevel)
+			p := pool.New()
+			s, err := New(cfg, Options{Pool: p, Log: zap.New(core)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wrapped {
+				s.wrapConn = func(c net.Conn) net.Conn { return struct{ net.Conn }{c} }
+			}
+			p.Listen(s)
+			p.Set([]string{srv.addr(), "127.0.0.1:1"})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { s.Run(ctx); close(done) }()
+			waitFor(t, "a request in flight", func() bool { return srv.inFlight.Load() == 1 })
+			// The endpoint leaves: its loop's scrape is aborted, the connection closed.
+			p.Set([]string{"127.0.0.1:1"})
+			waitFor(t, "the server to see the request end", func() bool { return srv.inFlight.Load() == 0 })
+			// Back, then the picker stops with a scrape in flight.
+			p.Set([]string{srv.addr(), "127.0.0.1:1"})
+			waitFor(t, "a request in flight again", func() bool { return srv.inFlight.Load() == 1 })
+			cancel()
+			waitFor(t, "Run to return", func() bool {
+				select {
+				case <-done:
+					return true
+				default:
+					return false
+				}
+			})
+		})
+	}
+}
