@@ -373,3 +373,25 @@ func TestScrapesTheSimulatorFiltered(t *testing.T) {
 		t.Fatalf("page of %v bytes, want a small filtered one", b)
 	}
 }
+
+// On the wire, the default request names the engine's families as the query parameter name[],
+// which a server decodes as prometheus_client's parse_qs does (net/url here).
+func TestFilteredRequestOnTheWire(t *testing.T) {
+	got := make(chan []string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case got <- r.URL.Query()["name[]"]:
+		default:
+		}
+		_, _ = w.Write(VLLMPage{Waiting: []int{1}, Running: []int{1}, KVUsage: []float64{0.1}}.Render())
+	}))
+	defer srv.Close()
+	start(t, filterCfg(), strings.TrimPrefix(srv.URL, "http://"))
+	names := <-got
+	want := []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+		"vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info",
+		"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("name[] = %v, want %v", names, want)
+	}
+}
