@@ -50,6 +50,11 @@ type MetricNames struct {
 	// describe the adapters, the newest series (highest value) winning, as vLLM's
 	// lora_requests_info.
 	LoRAInfo string `json:"loraInfo"`
+	// FirstTokens is a counter of requests that produced their first token (the _count series of
+	// a time-to-first-token histogram, as vllm:time_to_first_token_seconds_count): how many
+	// prefills the server finished, which tells the picker when non-streamed requests' prefills
+	// are over.
+	FirstTokens string `json:"firstTokens"`
 }
 
 // MetricEngines are the values ModelServerMetrics.Engine accepts.
@@ -65,10 +70,11 @@ func (m *ModelServerMetrics) validate() error {
 	if m.Engine == "custom" {
 		n := m.Names
 		if n.Waiting == "" && n.Running == "" && n.KVUsage == "" && n.CacheConfigInfo == "" && n.CapacityTokens == "" && n.LoRAInfo == "" {
-			return fmt.Errorf("pool.metrics.names: engine custom needs at least one metric name (waiting, running, kvUsage, cacheConfigInfo, capacityTokens, loraInfo)")
+			return fmt.Errorf("pool.metrics.names: engine custom needs at least one metric name (waiting, running, kvUsage, cacheConfigInfo, capacityTokens, loraInfo, firstTokens)")
 		}
 		for field, name := range map[string]string{"waiting": n.Waiting, "running": n.Running, "kvUsage": n.KVUsage,
-			"cacheConfigInfo": n.CacheConfigInfo, "capacityTokens": n.CapacityTokens, "loraInfo": n.LoRAInfo} {
+			"cacheConfigInfo": n.CacheConfigInfo, "capacityTokens": n.CapacityTokens, "loraInfo": n.LoRAInfo,
+			"firstTokens": n.FirstTokens} {
 			if name != "" && !validMetricName(name) {
 				return fmt.Errorf("pool.metrics.names.%s %q: not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", field, name)
 			}

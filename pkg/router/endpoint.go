@@ -143,8 +143,14 @@ type Metrics struct {
 	WaitingLoRAs []string
 	MaxLoRA      int
 
-	HasQueue   bool // Waiting and Running were reported
-	HasKVUsage bool // KVUsage was reported
+	// FirstTokens is the server's cumulative count of requests that produced their first token
+	// (the count of vllm:time_to_first_token_seconds, sglang:time_to_first_token_seconds): how
+	// many prefills it finished, streamed or not.
+	FirstTokens uint64
+
+	HasQueue       bool // Waiting and Running were reported
+	HasKVUsage     bool // KVUsage was reported
+	HasFirstTokens bool // FirstTokens was reported
 
 	// ScrapedAt is when the scrape's answer arrived; StaleAt when it stops being trusted.
 	ScrapedAt time.Time

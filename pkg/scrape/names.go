@@ -3,6 +3,7 @@ package scrape
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/kvpick/kvpick/config"
@@ -18,11 +19,12 @@ const (
 	fieldCacheConfig                 // info gauge, labels block_size and num_gpu_blocks
 	fieldCapacityTokens              // gauge, KV cache size in tokens, series summed
 	fieldLoRA                        // gauge whose newest series (highest value) describes the adapters
+	fieldFirstTokens                 // counter of first tokens (a TTFT histogram's _count), series summed
 	numFields
 )
 
 // fieldNames are the config's names of the fields, for log lines.
-var fieldNames = [numFields]string{"waiting", "running", "kvUsage", "cacheConfigInfo", "capacityTokens", "loraInfo"}
+var fieldNames = [numFields]string{"waiting", "running", "kvUsage", "cacheConfigInfo", "capacityTokens", "loraInfo", "firstTokens"}
 
 // profile is one engine's metric names: for every field, the families that report it in order
 // of preference (a newer name before the name it replaced); none when the engine does not
@@ -40,6 +42,9 @@ var vllmProfile = profile{engine: "vllm", names: [numFields][]string{
 	fieldKVUsage:     {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 	fieldCacheConfig: {"vllm:cache_config_info"},
 	fieldLoRA:        {"vllm:lora_requests_info"},
+	// The count of the time-to-first-token histogram: prefills finished, streamed or not. Only
+	// the _count series is read (and, with filterFamilies, asked for).
+	fieldFirstTokens: {"vllm:time_to_first_token_seconds_count"},
 }}
 
 // SGLang (--enable-metrics). Its KV cache is a token pool: max_total_num_tokens is its size.
@@ -48,6 +53,7 @@ var sglangProfile = profile{engine: "sglang", names: [numFields][]string{
 	fieldRunning:        {"sglang:num_running_reqs"},
 	fieldKVUsage:        {"sglang:token_usage"},
 	fieldCapacityTokens: {"sglang:max_total_num_tokens"},
+	fieldFirstTokens:    {"sglang:time_to_first_token_seconds_count"},
 }}
 
 func customProfile(n config.MetricNames) profile {
@@ -64,6 +70,7 @@ func customProfile(n config.MetricNames) profile {
 		fieldCacheConfig:    one(n.CacheConfigInfo),
 		fieldCapacityTokens: one(n.CapacityTokens),
 		fieldLoRA:           one(n.LoRAInfo),
+		fieldFirstTokens:    one(n.FirstTokens),
 	}}
 }
 
@@ -73,7 +80,8 @@ func customProfile(n config.MetricNames) profile {
 type schema struct {
 	profiles []profile
 	families []family
-	byName   map[string]int // family name → index in families
+	byName   map[string]int  // family name → index in families
+	parents  map[string]bool // histogram or summary families whose series (name_count) are read
 	// profFams[p][f] are the indexes of profile p's families for field f, preferred first.
 	profFams [][numFields][]int
 	// prefixes are the first 8 bytes of every family name, in a small hash table: a line whose
@@ -107,7 +115,7 @@ func newSchema(cfg config.ModelServerMetrics) (*schema, error) {
 	default:
 		return nil, fmt.Errorf("pool.metrics.engine %q: unknown", cfg.Engine)
 	}
-	s := &schema{profiles: profs, byName: map[string]int{}, prefixFilter: true, cache: parseCache{m: map[string]cached{}}}
+	s := &schema{profiles: profs, byName: map[string]int{}, parents: map[string]bool{}, prefixFilter: true, cache: parseCache{m: map[string]cached{}}}
 	for _, p := range profs {
 		var fams [numFields][]int
 		for f, names := range p.names {
@@ -117,6 +125,13 @@ func newSchema(cfg config.ModelServerMetrics) (*schema, error) {
 					i = len(s.families)
 					s.families = append(s.families, family{name: n, kind: field(f)})
 					s.byName[n] = i
+					// A series of a histogram or summary (name_count) comes under its
+					// family's TYPE line (name): that line is asked for too, not another family.
+					for _, suffix := range []string{"_count", "_sum", "_bucket"} {
+						if base, ok := strings.CutSuffix(n, suffix); ok {
+							s.parents[base] = true
+						}
+					}
 					if len(n) < 8 {
 						s.prefixFilter = false
 					} else {

@@ -179,6 +179,9 @@ func (r *reader) read(body []byte) reading {
 	if l, ok := get(fieldLoRA); ok {
 		m.RunningLoRAs, m.WaitingLoRAs, m.MaxLoRA = l.lora.running, l.lora.waiting, l.lora.max
 	}
+	if ft, ok := get(fieldFirstTokens); ok {
+		m.HasFirstTokens, m.FirstTokens = true, uint64(ft.v)
+	}
 	switch {
 	case len(invalid) > 0:
 		rd.result = resultInvalid
@@ -247,7 +250,7 @@ func (r *reader) selectLines(body []byte) {
 		}
 		f, ok := r.s.byName[string(name[:end])]
 		if !ok {
-			if isType {
+			if isType && !r.s.parents[string(name[:end])] {
 				r.others++
 			}
 			continue
@@ -433,7 +436,7 @@ func (r *reader) parse(text []byte) (mfs map[string]*dto.MetricFamily, err error
 func extract(kind field, ms []*dto.Metric) value {
 	v := value{found: true}
 	switch kind {
-	case fieldWaiting, fieldRunning, fieldCapacityTokens, fieldKVUsage:
+	case fieldWaiting, fieldRunning, fieldCapacityTokens, fieldKVUsage, fieldFirstTokens:
 		return aggregate(kind, len(ms), func(i int) (float64, bool) { return sampleValue(ms[i]) })
 	case fieldCacheConfig:
 		for _, m := range ms {
@@ -481,7 +484,8 @@ func extract(kind field, ms []*dto.Metric) value {
 
 // valueOnly reports whether a field is read from its samples' values alone (not their labels).
 func valueOnly(kind field) bool {
-	return kind == fieldWaiting || kind == fieldRunning || kind == fieldKVUsage || kind == fieldCapacityTokens
+	return kind == fieldWaiting || kind == fieldRunning || kind == fieldKVUsage || kind == fieldCapacityTokens ||
+		kind == fieldFirstTokens
 }
 
 // aggregate is what n samples of a value-only field say; sample(i) is the i-th value (false:
@@ -489,8 +493,8 @@ func valueOnly(kind field) bool {
 func aggregate(kind field, n int, sample func(i int) (float64, bool)) value {
 	v := value{found: true}
 	limit := float64(maxCount)
-	if kind == fieldCapacityTokens {
-		limit = maxTokens
+	if kind == fieldCapacityTokens || kind == fieldFirstTokens {
+		limit = maxTokens // a counter of first tokens grows for the server's whole life
 	}
 	for i := range n {
 		x, ok := sample(i)

@@ -397,3 +397,41 @@ func TestShapeReadsAgreeWithExpfmt(t *testing.T) {
 		t.Fatal("no shape was kept: the test does not exercise them")
 	}
 }
+
+// The server's count of first tokens is read from the _count series of its time-to-first-token
+// histogram (summed over data-parallel engines), under the histogram's own TYPE line, which a
+// filtered page keeps and which is no sign of an unfiltered one.
+func TestReadFirstTokensFromTheTTFTHistogram(t *testing.T) {
+	queue := "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1\n" +
+		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2\n"
+	ttft := "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.\n" +
+		"# TYPE vllm:time_to_first_token_seconds histogram\n" +
+		"vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 7.0\n" +
+		"vllm:time_to_first_token_seconds_count{engine=\"1\",model_name=\"m\"} 5.0\n"
+	whole := strings.Replace(ttft, "vllm:time_to_first_token_seconds_count{engine=\"0\"",
+		"vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 7.0\n"+
+			"vllm:time_to_first_token_seconds_sum{engine=\"0\",model_name=\"m\"} 1.5\n"+
+			"vllm:time_to_first_token_seconds_count{engine=\"0\"", 1)
+	tests := []struct {
+		name       string
+		page       string
+		want       uint64
+		has        bool
+		wantOthers int
+	}{
+		{"filtered page: the count series under the histogram's TYPE line", queue + ttft, 12, true, 0},
+		{"whole page: buckets and sum are skipped", queue + whole, 12, true, 0},
+		{"no histogram: unknown, not zero", queue, 0, false, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rd := mustReader(t, config.ModelServerMetrics{Engine: "vllm"}).read([]byte(tc.page))
+			if rd.m.HasFirstTokens != tc.has || rd.m.FirstTokens != tc.want {
+				t.Fatalf("first tokens %d (reported %v), want %d (%v); result %v %s", rd.m.FirstTokens, rd.m.HasFirstTokens, tc.want, tc.has, rd.result, rd.detail)
+			}
+			if rd.others != tc.wantOthers {
+				t.Fatalf("%d families counted as not asked for, want %d", rd.others, tc.wantOthers)
+			}
+		})
+	}
+}

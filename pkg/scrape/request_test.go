@@ -29,8 +29,9 @@ func filterCfg() config.ModelServerMetrics {
 // percent-encoded as a query; the trailing-slash variant exists only for a plain path.
 func TestRequestPathsNameTheEngineFamilies(t *testing.T) {
 	auto := []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-		"vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info",
-		"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens"}
+		"vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info", "vllm:time_to_first_token_seconds_count",
+		"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
+		"sglang:time_to_first_token_seconds_count"}
 	tests := []struct {
 		name            string
 		cfg             func(*config.ModelServerMetrics)
@@ -39,8 +40,8 @@ func TestRequestPathsNameTheEngineFamilies(t *testing.T) {
 		slash           string
 	}{
 		{"auto: vLLM's current and older names and SGLang's", nil, auto, "/metrics?", "/metrics", "/metrics/?"},
-		{"vllm", func(c *config.ModelServerMetrics) { c.Engine = "vllm" }, auto[:6], "/metrics?", "/metrics", "/metrics/?"},
-		{"sglang", func(c *config.ModelServerMetrics) { c.Engine = "sglang" }, auto[6:], "/metrics?", "/metrics", "/metrics/?"},
+		{"vllm", func(c *config.ModelServerMetrics) { c.Engine = "vllm" }, auto[:7], "/metrics?", "/metrics", "/metrics/?"},
+		{"sglang", func(c *config.ModelServerMetrics) { c.Engine = "sglang" }, auto[7:], "/metrics?", "/metrics", "/metrics/?"},
 		{"custom: the configured names", func(c *config.ModelServerMetrics) { c.Engine, c.Names = customCfg.Engine, customCfg.Names },
 			[]string{"myengine_queue_depth", "myengine_active", "myengine_kv_fraction", "myengine_kv_tokens"}, "/metrics?", "/metrics", "/metrics/?"},
 		{"path with a trailing slash: no slash variant", func(c *config.ModelServerMetrics) { c.Path = "/metrics/" }, auto, "/metrics/?", "/metrics/", ""},
@@ -389,8 +390,9 @@ func TestFilteredRequestOnTheWire(t *testing.T) {
 	start(t, filterCfg(), strings.TrimPrefix(srv.URL, "http://"))
 	names := <-got
 	want := []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-		"vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info",
-		"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens"}
+		"vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info", "vllm:time_to_first_token_seconds_count",
+		"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
+		"sglang:time_to_first_token_seconds_count"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("name[] = %v, want %v", names, want)
 	}

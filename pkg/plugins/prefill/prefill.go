@@ -89,6 +89,11 @@ type Scorer struct {
 type queue struct {
 	charges []*charge
 	start   int
+	// known counts the requests whose prefill the picker learnt was over (first byte,
+	// non-streamed answer, arrival order, or the server's counter below); firsts and
+	// knownAtFirsts are the server's first-token count and known at the last scrape.
+	known, firsts, knownAtFirsts uint64
+	hasFirsts                    bool
 }
 
 var (
@@ -237,13 +242,33 @@ func (s *Scorer) Done(req *router.Request, _ *router.Endpoint) { s.discharge(req
 func (s *Scorer) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) {
 	if m == nil || !m.HasQueue {
 		ep.SetExternalPrefill(0)
+	}
+	if m == nil || ep.Removed() {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	waiting := int64(max(m.Waiting, 0))
+	q := s.queues[ep]
+	if q == nil {
+		q = &queue{}
+		s.queues[ep] = q
+	}
+	paid := false
+	if m.HasFirstTokens {
+		// The server's count of first tokens since the last scrape, less the ones the picker
+		// saw for itself, is how many of its requests there finished their prefill unseen
+		// (non-streamed ones): the oldest outstanding ones, servers prefilling in order.
+		if q.hasFirsts && m.FirstTokens >= q.firsts {
+			seen := q.known - q.knownAtFirsts
+			if unseen := m.FirstTokens - q.firsts; unseen > seen {
+				paid = s.payOldestLocked(q, m.PicksAtScrape, int64(unseen-seen)) || paid
+			}
+		}
+		q.firsts, q.knownAtFirsts, q.hasFirsts = m.FirstTokens, q.known, true
+	}
 	var seen int64 // own outstanding requests the scrape could see
-	if q := s.queues[ep]; q != nil {
+	if m.HasQueue {
+		waiting := int64(max(m.Waiting, 0))
 		for _, c := range q.charges[q.start:] {
 			if !c.done && c.seq <= m.PicksAtScrape {
 				seen++
@@ -251,19 +276,31 @@ func (s *Scorer) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) {
 		}
 		// All but the newest waiting+partialPrefills of them have been prefilled.
 		if over := seen - (waiting + partialPrefills); over > 0 {
-			for _, c := range q.charges[q.start:] {
-				if over == 0 {
-					break
-				}
-				if !c.done && c.seq <= m.PicksAtScrape {
-					s.payLocked(c)
-					over--
-				}
-			}
-			s.advanceLocked(ep, q)
+			paid = s.payOldestLocked(q, m.PicksAtScrape, over) || paid
+		}
+		ep.SetExternalPrefill(int64(math.Round(float64(max(waiting-seen, 0)) * s.avgWork)))
+	}
+	if paid {
+		s.advanceLocked(ep, q)
+	}
+}
+
+// payOldestLocked pays the n oldest outstanding charges picked no later than pick number
+// upTo, counting them as known to be prefilled; it reports whether it paid any.
+func (s *Scorer) payOldestLocked(q *queue, upTo, n int64) bool {
+	paid := false
+	for _, c := range q.charges[q.start:] {
+		if n == 0 {
+			break
+		}
+		if !c.done && c.seq <= upTo {
+			s.payLocked(c)
+			q.known++
+			n--
+			paid = true
 		}
 	}
-	ep.SetExternalPrefill(int64(math.Round(float64(max(waiting-seen, 0)) * s.avgWork)))
+	return paid
 }
 
 // QueuedEndpoints is the number of endpoints whose queue the scorer keeps (for tests).
@@ -298,22 +335,25 @@ func (s *Scorer) discharge(req *router.Request, older bool) {
 	q := s.queues[c.ep]
 	if older {
 		for _, o := range q.charges[q.start:] {
-			if o.seq < c.seq {
-				s.payLocked(o)
+			if o.seq < c.seq && s.payLocked(o) {
+				q.known++
 			}
 		}
 	}
-	s.payLocked(c)
+	if s.payLocked(c) && older {
+		q.known++
+	}
 	s.advanceLocked(c.ep, q)
 }
 
-// payLocked discharges one charge (once).
-func (s *Scorer) payLocked(c *charge) {
+// payLocked discharges one charge; it reports false if it was paid already.
+func (s *Scorer) payLocked(c *charge) bool {
 	if c.done {
-		return
+		return false
 	}
 	c.done = true
 	c.ep.AddQueuedPrefill(-c.blocks)
+	return true
 }
 
 // advanceLocked drops discharged charges from the queue's front and publishes the new head.

@@ -413,3 +413,66 @@ func TestSmallCostDifferencesAreWeighedAgainstTheScale(t *testing.T) {
 		})
 	}
 }
+
+// TestTheServersFirstTokenCountSettlesNonStreamedRequests: non-streamed requests show nothing
+// until their answer ends; the server's count of first tokens does. Of the first tokens it
+// counted since the last scrape, those the picker did not see for itself (a stream's first
+// byte) finished the prefill of its oldest outstanding requests there.
+func TestTheServersFirstTokenCountSettlesNonStreamedRequests(t *testing.T) {
+	_, pf, eps, _ := setup(t)
+	ep := eps[0]
+	var pk picker
+	var reqs []*router.Request
+	for range 5 {
+		r := streamed(t, strings.Repeat("x", 60), false) // non-streamed, 2-3 blocks each
+		pk.pick(pf, r, ep)
+		reqs = append(reqs, r)
+	}
+	stream := streamed(t, strings.Repeat("y", 60), true)
+	pk.pick(pf, stream, ep)
+	total := ep.QueuedPrefill()
+	scrape := func(firsts uint64) {
+		now := time.Now()
+		m := &router.Metrics{Waiting: 6, HasQueue: true, FirstTokens: firsts, HasFirstTokens: true,
+			PicksAtScrape: 6, ScrapedAt: now, StaleAt: now.Add(time.Hour)}
+		ep.SetMetrics(m)
+		pf.MetricsUpdated(ep, m)
+	}
+	scrape(100) // the baseline: nothing can be said yet
+	if q := ep.QueuedPrefill(); q != total {
+		t.Fatalf("a first scrape paid %d blocks back: it only sets the baseline", total-q)
+	}
+	pf.FirstByte(stream, ep) // the picker sees the stream's first token: it pays everything older
+	if q := ep.QueuedPrefill(); q != 0 {
+		t.Fatalf("queue %d after the newest request's first byte, want 0 (arrival order)", q)
+	}
+	for _, r := range append(reqs, stream) {
+		pf.Done(r, ep)
+	}
+
+	// Now without a later stream: only the server's count can tell.
+	reqs = reqs[:0]
+	var blocks []int64
+	for range 4 {
+		before := ep.QueuedPrefill()
+		r := streamed(t, strings.Repeat("z", 60), false)
+		pk.pick(pf, r, ep)
+		blocks = append(blocks, ep.QueuedPrefill()-before)
+		reqs = append(reqs, r)
+	}
+	now := time.Now()
+	m := &router.Metrics{Waiting: 4, HasQueue: true, FirstTokens: 100 + 6 + 2, HasFirstTokens: true,
+		PicksAtScrape: pk.seq[ep], ScrapedAt: now, StaleAt: now.Add(time.Hour)}
+	// Since the baseline the server counted 8 first tokens: 6 the picker learnt of (five by
+	// arrival order, one first byte), 2 it did not: its two oldest outstanding requests.
+	pf.MetricsUpdated(ep, m)
+	if q, want := ep.QueuedPrefill(), blocks[2]+blocks[3]; q != want {
+		t.Fatalf("queue %d, want %d: the two oldest of four paid back", q, want)
+	}
+	for _, r := range reqs {
+		pf.Done(r, ep)
+	}
+	if q := ep.QueuedPrefill(); q != 0 {
+		t.Fatalf("queue %d after every stream ended", q)
+	}
+}
