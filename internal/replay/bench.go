@@ -81,6 +81,9 @@ type Scenario struct {
 	// CapacityFactor, when > 0, sets the picker's lruCapacityPerEndpoint to this multiple of
 	// the engines' mean num_gpu_blocks.
 	CapacityFactor float64 `json:"capacityFactor,omitempty"`
+	// OmitCacheConfig: the servers do not report their KV cache's size on /metrics, so the
+	// picker sizes its index from its configuration (and corrects it from what responses show).
+	OmitCacheConfig bool `json:"omitCacheConfig,omitempty"`
 	// Policies, if set, restricts the policies run in this scenario; BaselinesFrom names the
 	// scenario whose baselines the ratios then use (same workload and seed).
 	Policies      []string `json:"policies,omitempty"`
@@ -111,10 +114,11 @@ func StandardScenarios() []Scenario {
 	small.Name, small.About = "small-caches", "KV caches of 768-1,856 blocks spread over the engines; requests and rate x0.32 (their mean / 4,096)"
 	small.KVBlocks, small.LoadFollowsCaches = SmallCaches, true
 	over := small
-	over.Name, over.About = "capacity-x10", "small caches; the picker configured with 10x their mean num_gpu_blocks"
+	over.Name, over.About = "capacity-x10", "small caches that the servers do not report (no cache_config_info); the picker configured with 10x their mean num_gpu_blocks"
 	over.CapacityFactor, over.Policies, over.BaselinesFrom = 10, []string{KVPick}, small.Name
+	over.OmitCacheConfig = true
 	under := over
-	under.Name, under.About = "capacity-x0.1", "small caches; the picker configured with a tenth of their mean num_gpu_blocks"
+	under.Name, under.About = "capacity-x0.1", "small caches that the servers do not report; the picker configured with a tenth of their mean num_gpu_blocks"
 	under.CapacityFactor = 0.1
 	return []Scenario{d, mixed, small, over, under}
 }
@@ -473,8 +477,9 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 		return nil, err
 	}
 	rc := RunConfig{Workload: w, Policy: pol, Engines: o.Engines, Engine: ecfg, KVBlocks: blocks, Clock: o.Clock,
-		TimeScale: o.TimeScale, Timing: sc.Timing, OmitCachedTokens: sc.OmitCachedTokens, MetricsInterval: o.MetricsInterval,
-		MetricsFlavor: o.MetricsFlavor, Seed: seed}
+		TimeScale: o.TimeScale, Timing: sc.Timing, OmitCachedTokens: sc.OmitCachedTokens, OmitCacheConfig: sc.OmitCacheConfig,
+		MetricsInterval: o.MetricsInterval,
+		MetricsFlavor:   o.MetricsFlavor, Seed: seed}
 	var before *promtext.Metrics
 	if pol == KVPick {
 		eps, err := ListenEndpoints(o.Engines, DefaultEndpointBase, o.PickerAddr != "")

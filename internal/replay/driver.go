@@ -49,6 +49,8 @@ type RunConfig struct {
 	OmitCachedTokens bool
 	// MetricsFlavor is whose metric names the engines' /metrics pages use (empty: vLLM's).
 	MetricsFlavor servermetrics.Flavor
+	// OmitCacheConfig: the engines' /metrics pages do not report the KV cache's size.
+	OmitCacheConfig bool
 	// MetricsInterval is the simulated time between two metrics snapshots (0: 50 ms); for
 	// kvpick, the picker's refresh interval. ScrapeOff: the picker does not scrape (its
 	// refresh interval is 0), so the virtual clock does not wait for it.
@@ -205,7 +207,7 @@ func (d *driver) metricsTick() {
 		// An engine whose state did not change keeps its page (which would differ only in
 		// the timestamp vLLM puts in lora_requests_info): no need to wait for the picker.
 		if pages != nil && !reflect.DeepEqual(st, d.board.stats[i]) {
-			pages[i] = servermetrics.Render(e.Config(), st, now, servermetrics.Options{Flavor: d.cfg.MetricsFlavor, Started: Epoch})
+			pages[i] = servermetrics.Render(e.Config(), st, now, d.cfg.pageOptions())
 		}
 		d.board.stats[i] = st
 	}
@@ -285,7 +287,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 				d.sync.each = 10 * time.Second
 			}
 		} else {
-			cfg.Endpoints.serveLive(d.engs, cfg.MetricsFlavor)
+			cfg.Endpoints.serveLive(d.engs, cfg.pageOptions())
 		}
 		defer cfg.Endpoints.detach()
 	} else if d.pol = newBaseline(cfg.Policy, d.engs, cfg.Engine, d.board, cfg.Seed); d.pol == nil {
@@ -674,4 +676,9 @@ func (d *driver) finish(f *flight) {
 	if d.cfg.Progress != nil {
 		d.cfg.Progress(done, total)
 	}
+}
+
+// pageOptions is how the engines render their /metrics pages.
+func (c *RunConfig) pageOptions() servermetrics.Options {
+	return servermetrics.Options{Flavor: c.MetricsFlavor, Started: Epoch, OmitCacheConfig: c.OmitCacheConfig}
 }

@@ -171,11 +171,11 @@ func (s *Endpoints) Fetches(i int) uint64 {
 
 // serveLive makes every endpoint render its engine's state at each GET (real clock), with
 // the servers' metric names (flavor).
-func (s *Endpoints) serveLive(engs []*engine.Engine, flavor servermetrics.Flavor) {
+func (s *Endpoints) serveLive(engs []*engine.Engine, opts servermetrics.Options) {
 	for i, ep := range s.eps {
 		ep.mu.Lock()
 		ep.reset()
-		ep.eng, ep.flavor = engs[i], flavor
+		ep.eng, ep.opts = engs[i], opts
 		ep.mu.Unlock()
 	}
 }
@@ -217,7 +217,7 @@ func (s *Endpoints) publish(i int, page []byte) <-chan struct{} {
 type endpoint struct {
 	mu      sync.Mutex
 	eng     *engine.Engine // live mode
-	flavor  servermetrics.Flavor
+	opts    servermetrics.Options
 	snap    []byte        // snapshot mode: the page served
 	fetches int           // GETs that came for the current snapshot
 	waiter  chan struct{} // closed at the second fetch of the current snapshot
@@ -241,7 +241,7 @@ func (ep *endpoint) release() {
 func (ep *endpoint) metrics(w http.ResponseWriter, r *http.Request) {
 	ep.mu.Lock()
 	ep.total++
-	eng, flavor, page := ep.eng, ep.flavor, ep.snap
+	eng, opts, page := ep.eng, ep.opts, ep.snap
 	var park chan struct{}
 	if page != nil {
 		ep.fetches++
@@ -265,7 +265,7 @@ func (ep *endpoint) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	if eng != nil {
 		var b bytes.Buffer
-		_ = servermetrics.Write(&b, eng, servermetrics.Options{Flavor: flavor, Started: Epoch})
+		_ = servermetrics.Write(&b, eng, opts)
 		page = b.Bytes()
 	}
 	if page == nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 	"github.com/kvpick/kvpick/internal/promtext"
 )
 
@@ -50,7 +51,7 @@ func TestMetricsServersServeTheEnginesNumbers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eps.Close()
-	eps.serveLive(engs, "")
+	eps.serveLive(engs, servermetrics.Options{})
 	ctx := context.Background()
 	scrape := func(i int) *promtext.Metrics {
 		m, err := ScrapeMetrics(ctx, eps.Addrs()[i])

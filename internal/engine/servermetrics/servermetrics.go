@@ -68,6 +68,10 @@ type Options struct {
 	// Exposition is how the server answers a request that names series
 	// (name[]=...); empty means DefaultExposition(Flavor).
 	Exposition Exposition
+	// OmitCacheConfig leaves out the KV cache's size (vllm:cache_config_info,
+	// sglang:max_total_num_tokens), as servers that do not report it: a picker must then rely
+	// on its configuration and on what responses show.
+	OmitCacheConfig bool
 }
 
 // Write writes eng's /metrics page in o's flavor.
@@ -331,24 +335,26 @@ func writeVLLM(b *bytes.Buffer, cfg engine.Config, st engine.Stats, now time.Tim
 	info.header("vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
 	info.sample("vllm:lora_requests_info", joinLabels("max_lora", strconv.Itoa(o.MaxLoRAs),
 		"waiting_lora_adapters", "", "running_lora_adapters", ""), unix(now))
-	info.header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-	info.sample("vllm:cache_config_info", joinLabels(
-		"block_size", strconv.Itoa(st.BlockSize),
-		"cache_dtype", "auto",
-		"calculate_kv_scales", "False",
-		"cpu_offload_gb", "0",
-		"enable_prefix_caching", "True",
-		"engine", "0",
-		"gpu_memory_utilization", "0.9",
-		"is_attention_free", "False",
-		"num_cpu_blocks", "None",
-		"num_gpu_blocks", strconv.Itoa(st.NumGPUBlocks),
-		"num_gpu_blocks_override", "None",
-		"prefix_caching_hash_algo", "sha256",
-		"sliding_window", "None",
-		"swap_space", "4",
-		"swap_space_bytes", "4294967296",
-	), 1)
+	if !o.OmitCacheConfig {
+		info.header("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+		info.sample("vllm:cache_config_info", joinLabels(
+			"block_size", strconv.Itoa(st.BlockSize),
+			"cache_dtype", "auto",
+			"calculate_kv_scales", "False",
+			"cpu_offload_gb", "0",
+			"enable_prefix_caching", "True",
+			"engine", "0",
+			"gpu_memory_utilization", "0.9",
+			"is_attention_free", "False",
+			"num_cpu_blocks", "None",
+			"num_gpu_blocks", strconv.Itoa(st.NumGPUBlocks),
+			"num_gpu_blocks_override", "None",
+			"prefix_caching_hash_algo", "sha256",
+			"sliding_window", "None",
+			"swap_space", "4",
+			"swap_space_bytes", "4294967296",
+		), 1)
+	}
 
 	writeSim(b, st)
 }
@@ -377,7 +383,9 @@ func writeSGLang(b *bytes.Buffer, cfg engine.Config, st engine.Stats, o Options)
 	p.gauge("sglang:token_usage", "The token usage.", st.KVUsage)
 	p.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", float64(st.Waiting))
 	p.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hitRate)
-	p.gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", float64(maxTokens))
+	if !o.OmitCacheConfig {
+		p.gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", float64(maxTokens))
+	}
 	p.gauge("sglang:context_len", "The context length.", float64(cfg.MaxModelLen))
 	p.gauge("sglang:page_size", "The page size of the KV cache.", float64(st.BlockSize))
 	p.gauge("sglang:num_retracted_reqs", "The number of retracted requests.", 0)

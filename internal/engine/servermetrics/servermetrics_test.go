@@ -272,3 +272,31 @@ func BenchmarkRender(b *testing.B) {
 	}
 	b.ReportMetric(float64(n), "bytes/page")
 }
+
+// TestOmitCacheConfigHidesTheCacheSize: a server that does not report its KV cache's size has
+// neither vLLM's cache_config_info nor SGLang's max_total_num_tokens on its page, and keeps
+// everything else.
+func TestOmitCacheConfigHidesTheCacheSize(t *testing.T) {
+	eng := busyEngine(t)
+	for _, tc := range []struct {
+		flavor    Flavor
+		size, has string
+	}{
+		{VLLM, "vllm:cache_config_info", "vllm:num_requests_running"},
+		{SGLang, "sglang:max_total_num_tokens", "sglang:num_running_reqs"},
+	} {
+		for _, omit := range []bool{false, true} {
+			var b bytes.Buffer
+			if err := Write(&b, eng, Options{Flavor: tc.flavor, OmitCacheConfig: omit}); err != nil {
+				t.Fatal(err)
+			}
+			fams := parse(t, b.Bytes())
+			if _, ok := fams[tc.size]; ok == omit {
+				t.Errorf("%s, omit=%v: %s present: %v", tc.flavor, omit, tc.size, ok)
+			}
+			if _, ok := fams[tc.has]; !ok {
+				t.Errorf("%s, omit=%v: %s missing", tc.flavor, omit, tc.has)
+			}
+		}
+	}
+}
