@@ -32,7 +32,7 @@ func main() {
 
 // scenarioFlags are the flags that describe one scenario; --suite replaces them.
 var scenarioFlags = []string{"response-timing", "stream-fraction", "include-usage-fraction", "cached-tokens", "kv-blocks",
-	"load-follows-caches", "picker-capacity-factor"}
+	"load-follows-caches", "picker-capacity-factor", "omit-cache-config"}
 
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
@@ -55,6 +55,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cachedTokens := fs.Bool("cached-tokens", true, "the servers report usage.prompt_tokens_details.cached_tokens (vLLM --enable-prompt-tokens-details; off by default in vLLM)")
 	kvBlocks := fs.String("kv-blocks", "", `num_gpu_blocks per engine: "N", "LO-HI" (spread evenly over the engines, e.g. 768-1856) or one value per engine "a,b,..." (default: the engine model's 4096)`)
 	loadFollows := fs.Bool("load-follows-caches", false, "scale each generated workload's requests and rate by the engines' mean num_gpu_blocks / 4096 (with --kv-blocks: smaller caches serve less)")
+	omitCacheConfig := fs.Bool("omit-cache-config", false, "the servers do not report their KV cache's size on /metrics (no vllm:cache_config_info): the picker sizes its index from its configuration")
 	capFactor := fs.Float64("picker-capacity-factor", 0, "set the picker's lruCapacityPerEndpoint to this multiple of the engines' mean num_gpu_blocks (0: its configured value)")
 	metricsInterval := fs.Duration("metrics-interval", replay.DefaultMetricsInterval, "simulated time between the metrics snapshots the gie baseline reads")
 	flavor := fs.String("metrics-flavor", string(servermetrics.VLLM), "the simulated servers' /metrics names: vllm, vllm-old (before 0.10) or sglang")
@@ -109,6 +110,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		sc.KVBlocks = *kvBlocks
 		sc.LoadFollowsCaches = *loadFollows
 		sc.CapacityFactor = *capFactor
+		sc.OmitCacheConfig = *omitCacheConfig
 		for _, f := range scenarioFlags {
 			if set[f] {
 				sc.Name, sc.About = "custom", "as the flags say"
