@@ -273,7 +273,9 @@ func startSim(t *testing.T, name string, extra ...string) *sim {
 	t.Helper()
 	ip := simIP()
 	addr := net.JoinHostPort(ip, strconv.Itoa(freePort(t, ip)))
-	args := append([]string{"--addr", addr, "--log-level", "warn"}, extra...)
+	// The servers report usage and cached tokens, as a deployment whose picker learns from
+	// them runs vLLM (--enable-force-include-usage, --enable-prompt-tokens-details).
+	args := append([]string{"--addr", addr, "--log-level", "warn", "--always-usage", "--enable-prompt-tokens-details"}, extra...)
 	s := &sim{proc: startProc(t, name, bins.sim, args...), addr: addr}
 	waitUntil(t, s.proc, startTimeout, name+" /health", func() bool { return httpOK("http://" + addr + "/health") })
 	return s

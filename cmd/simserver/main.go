@@ -78,10 +78,10 @@ Flags:
 	slowFactor := fs.Float64("slow-factor", def.SlowFactor, "slowdown of slow requests")
 	hangRate := fs.Float64("hang-rate", 0, "fraction of requests that are admitted but never answered until the client goes away")
 	seed := fs.Uint64("seed", def.Seed, "seed for failure injection (reproducible for a given arrival order)")
-	alwaysUsage := fs.Bool("always-usage", true, "end every stream with a usage chunk, as vLLM's --enable-force-include-usage "+
-		"(vLLM's default is off: usage only with stream_options.include_usage; the project's e2e suites rely on this default)")
-	details := fs.Bool("enable-prompt-tokens-details", true, "report usage.prompt_tokens_details.cached_tokens, as vLLM's flag of that name "+
-		"(vLLM's default is off; the project's e2e suites rely on this default)")
+	alwaysUsage := fs.Bool("always-usage", false, "end every stream with a usage chunk, as vLLM's --enable-force-include-usage "+
+		"(off, as in vLLM: usage only with stream_options.include_usage)")
+	details := fs.Bool("enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens, as vLLM's flag of that name "+
+		"(off, as in vLLM)")
 	flavorName := fs.String("metrics-flavor", string(servermetrics.VLLM), "names /metrics uses: vllm (vllm:kv_cache_usage_perc, ...), "+
 		"vllm-old (vllm:gpu_cache_usage_perc, ..., before vLLM 0.10) or sglang (sglang:num_running_reqs, sglang:token_usage, ...)")
 	maxLoRAs := fs.Int("max-loras", 0, "max_lora label of vllm:lora_requests_info (no adapter is ever running)")

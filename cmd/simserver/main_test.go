@@ -84,12 +84,12 @@ func TestFlags(t *testing.T) {
 		noMetrics   []string
 		wantDetails bool
 	}{
-		{"defaults", nil,
-			[]string{"vllm:kv_cache_usage_perc{", `num_gpu_blocks="8000"`}, []string{"vllm:gpu_cache_usage_perc"}, true},
-		{"vLLM's defaults for usage details, older names, a cache size",
-			[]string{"--enable-prompt-tokens-details=false", "--metrics-flavor", "vllm-old", "--num-gpu-blocks", "777", "--max-num-batched-tokens", "512"},
-			[]string{"vllm:gpu_cache_usage_perc{", `num_gpu_blocks="777"`}, []string{"vllm:kv_cache_usage_perc"}, false},
-		{"SGLang's names", []string{"--metrics-flavor", "sglang", "--block-size", "32", "--num-gpu-blocks", "100"},
+		{"defaults: vLLM's, no cached_tokens", nil,
+			[]string{"vllm:kv_cache_usage_perc{", `num_gpu_blocks="8000"`}, []string{"vllm:gpu_cache_usage_perc"}, false},
+		{"cached_tokens reported, older names, a cache size",
+			[]string{"--enable-prompt-tokens-details", "--metrics-flavor", "vllm-old", "--num-gpu-blocks", "777", "--max-num-batched-tokens", "512"},
+			[]string{"vllm:gpu_cache_usage_perc{", `num_gpu_blocks="777"`}, []string{"vllm:kv_cache_usage_perc"}, true},
+		{"SGLang's names", []string{"--enable-prompt-tokens-details", "--metrics-flavor", "sglang", "--block-size", "32", "--num-gpu-blocks", "100"},
 			[]string{"sglang:num_queue_reqs{", `sglang:max_total_num_tokens{model_name="m"} 3200.0`}, []string{"vllm:"}, true},
 	}
 	for _, tt := range tests {
