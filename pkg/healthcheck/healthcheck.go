@@ -34,8 +34,17 @@ type Checker struct {
 	client *http.Client
 	log    *zap.Logger
 
-	mu    sync.Mutex
-	loops map[*router.Endpoint]struct{} // endpoints with a running probe loop
+	mu       sync.Mutex
+	loops    map[*router.Endpoint]struct{} // endpoints with a running probe loop
+	onChange func()                        // called after an endpoint's health changed
+}
+
+// OnChange registers f, called (on a probe loop's goroutine) after any endpoint turned healthy
+// or unhealthy. Register before Watch.
+func (c *Checker) OnChange(f func()) {
+	c.mu.Lock()
+	c.onChange = f
+	c.mu.Unlock()
 }
 
 // New returns a checker; Watch starts it.
@@ -181,6 +190,17 @@ func (h *health) record(ok bool, cfg config.HealthCheck) verdict {
 }
 
 func (c *Checker) apply(e *router.Endpoint, v verdict) {
+	defer func() {
+		if v == unchanged {
+			return
+		}
+		c.mu.Lock()
+		f := c.onChange
+		c.mu.Unlock()
+		if f != nil {
+			f()
+		}
+	}()
 	switch v {
 	case firstHealthy:
 		e.SetHealthy(true)

@@ -8,6 +8,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvpick/kvpick/pkg/pool"
+	"github.com/kvpick/kvpick/pkg/router"
 )
 
 // ServiceInferenceExtension is the health service the reference InferencePool chart's probes
@@ -27,13 +28,14 @@ type readiness struct {
 	p   *pool.Pool
 	log *zap.Logger
 
-	mu         sync.Mutex
-	synced     bool
-	needLeader bool
-	leader     bool
-	stopping   bool
-	serving    bool
-	reported   bool // serving has been written at least once
+	mu          sync.Mutex
+	synced      bool
+	needHealthy bool // health checks are on: some endpoint must have passed one
+	needLeader  bool
+	leader      bool
+	stopping    bool
+	serving     bool
+	reported    bool // serving has been written at least once
 }
 
 func newReadiness(hs *health.Server, p *pool.Pool, needLeader bool, log *zap.Logger) *readiness {
@@ -55,6 +57,8 @@ func (r *readiness) update(f func()) {
 		reason = "the pool has not been read from its source yet"
 	case len(r.p.Snapshot()) == 0:
 		reason = "the pool has no endpoints"
+	case r.needHealthy && !anyHealthy(r.p.Snapshot()):
+		reason = "no endpoint has passed its health check"
 	case r.needLeader && !r.leader:
 		reason = "another replica leads"
 	}
@@ -96,3 +100,21 @@ func (r *readiness) Serving() bool {
 	defer r.mu.Unlock()
 	return r.serving
 }
+
+// anyHealthy reports whether an endpoint passes its health checks.
+func anyHealthy(eps []*router.Endpoint) bool {
+	for _, e := range eps {
+		if e.Healthy() {
+			return true
+		}
+	}
+	return false
+}
+
+// healthChanged re-evaluates readiness after an endpoint's health changed.
+func (r *readiness) healthChanged() { r.update(func() {}) }
+
+// requireHealthy makes readiness wait for an endpoint that passed its health check: with
+// checks on, endpoints join unhealthy until their first good probe, and a picker reporting
+// ready before that would answer its first requests 503.
+func (r *readiness) requireHealthy() { r.update(func() { r.needHealthy = true }) }

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,4 +184,31 @@ func TestStaticPoolAndKubernetesAreExclusive(t *testing.T) {
 	if !errors.Is(err, ErrStaticAndKubernetes) {
 		t.Fatalf("err = %v", err)
 	}
+}
+
+// TestReadinessWaitsForAHealthyEndpoint: with health checks on, endpoints join unhealthy until
+// their first good probe; until one has passed, every request would be answered 503, so the
+// picker is not ready. It turns ready at the first good probe and not ready again when every
+// endpoint fails its checks.
+func TestReadinessWaitsForAHealthyEndpoint(t *testing.T) {
+	var healthy atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	cfg := staticConfig(strings.TrimPrefix(srv.URL, "http://"))
+	cfg.Pool.HealthCheck.Interval = config.Duration(20 * time.Millisecond)
+	cfg.Pool.HealthCheck.Timeout = config.Duration(10 * time.Millisecond)
+	cfg.Pool.Metrics.RefreshInterval = 0
+	r := run(t, cfg)
+	time.Sleep(100 * time.Millisecond) // several failed probes
+	if got := status(t, r.health, ServiceReadiness); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("readiness %v while the only endpoint fails its probes", got)
+	}
+	healthy.Store(true)
+	waitStatus(t, r.health, healthpb.HealthCheckResponse_SERVING, readinessServices...)
+	healthy.Store(false)
+	waitStatus(t, r.health, healthpb.HealthCheckResponse_NOT_SERVING, readinessServices...)
 }

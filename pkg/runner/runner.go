@@ -222,7 +222,12 @@ func Run(ctx context.Context, o Options) error {
 	defer stopChecks()
 	// Before the pool is populated, so that every endpoint is unhealthy until its first good
 	// probe (when health checks are on).
-	healthcheck.New(o.Config.Pool.HealthCheck, log).Watch(hctx, pk.Pool)
+	checker := healthcheck.New(o.Config.Pool.HealthCheck, log)
+	if checker.Enabled() {
+		gate.requireHealthy()
+		checker.OnChange(gate.healthChanged)
+	}
+	checker.Watch(hctx, pk.Pool)
 	if kube != nil {
 		kube.start()
 	} else {
