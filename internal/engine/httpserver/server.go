@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/openaiwire"
 	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 )
 
@@ -111,37 +112,8 @@ func (s *Server) servedBy(r *http.Request) string {
 	return ""
 }
 
-// apiError is OpenAI's error body.
-type apiError struct {
-	Error struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    int     `json:"code"`
-	} `json:"error"`
-}
-
-func errorType(status int) string {
-	switch status {
-	case http.StatusBadRequest:
-		return "BadRequestError"
-	case http.StatusNotFound:
-		return "NotFoundError"
-	case http.StatusMethodNotAllowed:
-		return "MethodNotAllowed"
-	case http.StatusServiceUnavailable:
-		return "ServiceUnavailableError"
-	default:
-		return "InternalServerError"
-	}
-}
-
 func writeError(w http.ResponseWriter, status int, msg string) {
-	var e apiError
-	e.Error.Message = msg
-	e.Error.Type = errorType(status)
-	e.Error.Code = status
-	writeJSON(w, status, e)
+	writeBody(w, status, openaiwire.ErrorBody(status, msg))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -150,6 +122,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	writeBody(w, status, b)
+}
+
+func writeBody(w http.ResponseWriter, status int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
@@ -172,36 +148,10 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// usage is OpenAI's usage object; PromptTokensDetails is nil when the
-// server hides it.
-type usage struct {
-	PromptTokens        int            `json:"prompt_tokens"`
-	TotalTokens         int            `json:"total_tokens"`
-	CompletionTokens    int            `json:"completion_tokens"`
-	PromptTokensDetails *promptDetails `json:"prompt_tokens_details"`
-}
-
-// streamUsage is usage in a stream's last chunk: vLLM serializes chunks
-// without unset fields, so a hidden prompt_tokens_details is absent there
-// rather than null.
-type streamUsage struct {
-	PromptTokens        int            `json:"prompt_tokens"`
-	TotalTokens         int            `json:"total_tokens"`
-	CompletionTokens    int            `json:"completion_tokens"`
-	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
-}
-
-type promptDetails struct {
-	CachedTokens int `json:"cached_tokens"`
-}
-
-func (s *Server) usageOf(res engine.Result) usage {
-	u := usage{PromptTokens: res.PromptTokens, CompletionTokens: res.CompletionTokens,
-		TotalTokens: res.PromptTokens + res.CompletionTokens}
-	if !s.opts.HidePromptTokensDetails {
-		u.PromptTokensDetails = &promptDetails{CachedTokens: res.CachedTokens}
-	}
-	return u
+// wire renders the response to the request with this id.
+func (s *Server) wire(id string, chat bool) openaiwire.Response {
+	return openaiwire.Response{ID: id, Model: s.eng.Config().Model, Created: s.clock.Now().Unix(), Chat: chat,
+		Details: !s.opts.HidePromptTokensDetails}
 }
 
 // progress turns engine callbacks into state a handler goroutine reads: the
@@ -336,29 +286,6 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		zap.Duration("latency", time.Since(start)))
 }
 
-// response is OpenAI's chat.completion or text_completion object.
-type response struct {
-	ID      string           `json:"id"`
-	Object  string           `json:"object"`
-	Created int64            `json:"created"`
-	Model   string           `json:"model"`
-	Choices []responseChoice `json:"choices"`
-	Usage   usage            `json:"usage"`
-}
-
-type responseChoice struct {
-	Index        int      `json:"index"`
-	Message      *message `json:"message,omitempty"` // chat
-	Text         *string  `json:"text,omitempty"`    // completions
-	Logprobs     any      `json:"logprobs"`
-	FinishReason string   `json:"finish_reason"`
-}
-
-type message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
 // failed reports whether res ended without its whole output.
 func failed(res engine.Result) bool {
 	return res.Outcome != engine.OutcomeStop && res.Outcome != engine.OutcomeLength
@@ -369,17 +296,5 @@ func (s *Server) respond(w http.ResponseWriter, res engine.Result, chat bool) {
 		writeError(w, http.StatusInternalServerError, fmt.Sprintf("the engine failed the request after %d tokens", res.CompletionTokens))
 		return
 	}
-	text := res.Text(0, res.CompletionTokens)
-	c := responseChoice{FinishReason: string(res.Outcome)}
-	object := "text_completion"
-	if chat {
-		object = "chat.completion"
-		c.Message = &message{Role: "assistant", Content: text}
-	} else {
-		c.Text = &text
-	}
-	writeJSON(w, http.StatusOK, response{
-		ID: res.ID, Object: object, Created: s.clock.Now().Unix(), Model: s.eng.Config().Model,
-		Choices: []responseChoice{c}, Usage: s.usageOf(res),
-	})
+	writeBody(w, http.StatusOK, s.wire(res.ID, chat).Whole(res))
 }

@@ -2,46 +2,19 @@ package httpserver
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/openaiwire"
 )
-
-// chunk is one SSE event, in OpenAI's chat.completion.chunk or streamed
-// text_completion shape.
-type chunk struct {
-	ID      string        `json:"id"`
-	Object  string        `json:"object"`
-	Created int64         `json:"created"`
-	Model   string        `json:"model"`
-	Choices []chunkChoice `json:"choices"`
-	Usage   *streamUsage  `json:"usage,omitempty"`
-}
-
-type chunkChoice struct {
-	Index        int     `json:"index"`
-	Delta        *delta  `json:"delta,omitempty"` // chat
-	Text         *string `json:"text,omitempty"`  // completions
-	Logprobs     any     `json:"logprobs"`
-	FinishReason *string `json:"finish_reason"`
-}
-
-type delta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
-}
 
 // sse writes the events of one stream.
 type sse struct {
 	w       http.ResponseWriter
 	flusher http.Flusher
-	id      string
-	object  string
-	created int64
-	model   string
-	chat    bool
+	wire    openaiwire.Response
+	buf     []byte
 }
 
 func (s *sse) flush() {
@@ -50,29 +23,21 @@ func (s *sse) flush() {
 	}
 }
 
-func (s *sse) data(b []byte) bool {
-	if _, err := s.w.Write(append(append([]byte("data: "), b...), '\n', '\n')); err != nil {
+// write sends the events rendered into s.buf and flushes them.
+func (s *sse) write() bool {
+	_, err := s.w.Write(s.buf)
+	s.buf = s.buf[:0]
+	if err != nil {
 		return false
 	}
 	s.flush()
 	return true
 }
 
-func (s *sse) send(c chunk) bool {
-	c.ID, c.Object, c.Created, c.Model = s.id, s.object, s.created, s.model
-	b, err := json.Marshal(c)
-	return err == nil && s.data(b)
-}
-
-// text sends output text, with the finish reason on the last event.
-func (s *sse) text(text string, finish *string) bool {
-	c := chunkChoice{FinishReason: finish}
-	if s.chat {
-		c.Delta = &delta{Content: &text}
-	} else {
-		c.Text = &text
-	}
-	return s.send(chunk{Choices: []chunkChoice{c}})
+// text sends output text, with the finish reason (when not empty) on the last event.
+func (s *sse) text(text, finish string) bool {
+	s.buf = s.wire.Text(s.buf, text, finish)
+	return s.write()
 }
 
 // stream answers with server-sent events as vLLM does. The status line and
@@ -87,11 +52,8 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, req *engine.
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	out := &sse{w: w, id: id, object: "text_completion", created: s.clock.Now().Unix(), model: s.eng.Config().Model, chat: chat}
+	out := &sse{w: w, wire: s.wire(id, chat)}
 	out.flusher, _ = w.(http.Flusher)
-	if chat {
-		out.object = "chat.completion.chunk"
-	}
 	out.flush()
 
 	step := s.opts.ChunkTokens
@@ -101,11 +63,8 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, req *engine.
 		first, produced, done := prog.snapshot()
 		if first != nil && !started {
 			started = true
-			if chat {
-				empty := ""
-				if !out.send(chunk{Choices: []chunkChoice{{Delta: &delta{Role: "assistant", Content: &empty}}}}) {
-					return engine.Result{}, false
-				}
+			if out.buf = out.wire.Role(out.buf); len(out.buf) > 0 && !out.write() {
+				return engine.Result{}, false
 			}
 		}
 		if done != nil {
@@ -115,7 +74,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, req *engine.
 		// carries the finish reason.
 		if first != nil {
 			for sent+step <= produced && sent+step < first.PlannedTokens {
-				if !out.text(first.Text(sent, sent+step), nil) {
+				if !out.text(first.Text(sent, sent+step), "") {
 					return engine.Result{}, false
 				}
 				sent += step
@@ -135,32 +94,24 @@ func (s *Server) finish(out *sse, req *engine.APIRequest, res engine.Result, sen
 	if failed(res) {
 		// The tokens produced before the failure were streamed as they came.
 		for ; sent < n; sent += step {
-			if !out.text(res.Text(sent, min(sent+step, n)), nil) {
+			if !out.text(res.Text(sent, min(sent+step, n)), "") {
 				return false
 			}
 		}
-		var e apiError
-		e.Error.Message = fmt.Sprintf("the engine failed the request after %d tokens", res.CompletionTokens)
-		e.Error.Type = errorType(http.StatusInternalServerError)
-		e.Error.Code = http.StatusInternalServerError
-		b, _ := json.Marshal(e)
-		return out.data(b) && out.data([]byte("[DONE]"))
+		out.buf = openaiwire.StreamError(out.buf, fmt.Sprintf("the engine failed the request after %d tokens", res.CompletionTokens))
+		return out.write()
 	}
 	for ; sent+step < n; sent += step {
-		if !out.text(res.Text(sent, sent+step), nil) {
+		if !out.text(res.Text(sent, sent+step), "") {
 			return false
 		}
 	}
-	reason := string(res.Outcome)
-	if !out.text(res.Text(sent, n), &reason) {
+	if !out.text(res.Text(sent, n), string(res.Outcome)) {
 		return false
 	}
 	if req.IncludeUsage || s.opts.AlwaysUsage {
-		u := s.usageOf(res)
-		su := streamUsage(u)
-		if !out.send(chunk{Choices: []chunkChoice{}, Usage: &su}) {
-			return false
-		}
+		out.buf = out.wire.UsageEvent(out.buf, res)
 	}
-	return out.data([]byte("[DONE]"))
+	out.buf = openaiwire.Done(out.buf)
+	return out.write()
 }
