@@ -136,7 +136,7 @@ func PickerConfig(o PickerOptions) (*PickerSetup, error) {
 			return nil, fmt.Errorf("the picker configuration has no %s to size", prefixScorer)
 		}
 		set("plugins."+prefixScorer+"."+capacityKey, fmt.Sprint(o.CapacityBlocks), was,
-			"mis-sized capacity scenario: the engines report their true num_gpu_blocks")
+			"mis-sized capacity scenario: what the picker believes unless the engines report their num_gpu_blocks")
 	}
 	return st, cfg.Validate()
 }
