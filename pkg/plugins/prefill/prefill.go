@@ -243,11 +243,16 @@ func (s *Scorer) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) {
 	if m == nil || !m.HasQueue {
 		ep.SetExternalPrefill(0)
 	}
-	if m == nil || ep.Removed() {
+	if m == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Checked under the lock: EndpointsChanged, which forgets a removed endpoint's idle queue,
+	// takes it too, so a queue made here for an endpoint being removed is forgotten there.
+	if ep.Removed() {
+		return
+	}
 	q := s.queues[ep]
 	if q == nil {
 		q = &queue{}
