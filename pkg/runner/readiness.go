@@ -49,15 +49,16 @@ func (r *readiness) update(f func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f()
+	eps := r.p.Snapshot() // one membership for both checks below
 	reason := ""
 	switch {
 	case r.stopping:
 		reason = "shutting down"
 	case !r.synced:
 		reason = "the pool has not been read from its source yet"
-	case len(r.p.Snapshot()) == 0:
+	case len(eps) == 0:
 		reason = "the pool has no endpoints"
-	case r.needHealthy && !anyHealthy(r.p.Snapshot()):
+	case r.needHealthy && !anyHealthy(eps):
 		reason = "no endpoint has passed its health check"
 	case r.needLeader && !r.leader:
 		reason = "another replica leads"

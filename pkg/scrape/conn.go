@@ -182,9 +182,7 @@ func (c *conn) send(request []byte) error {
 		if err == nil || !(errors.Is(err, syscall.EAGAIN) || errors.Is(err, errors.ErrUnsupported)) {
 			return err
 		}
-	}
-	if c.raw != nil {
-		_ = c.c.SetWriteDeadline(c.deadline)
+		_ = c.c.SetWriteDeadline(c.deadline) // get set only the read deadline
 	}
 	_, err := c.c.Write(request[sent:])
 	return err
