@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvpick/kvpick/internal/dataplane"
 	"github.com/kvpick/kvpick/internal/engine"
+	"github.com/kvpick/kvpick/internal/engine/openaiwire"
 	"github.com/kvpick/kvpick/internal/engine/servermetrics"
 	"github.com/kvpick/kvpick/pkg/gateway"
 )
@@ -504,7 +505,7 @@ func (f *flight) fail(status int, msg string) {
 	f.rec.Status = status
 	if f.x != nil {
 		f.mu.Lock()
-		body := errorBody(status, msg)
+		body := openaiwire.ErrorBody(status, msg)
 		f.sendHeaders(status, withLength(jsonHeaders, len(body)))
 		f.endResponse(body)
 		f.mu.Unlock()
@@ -639,13 +640,13 @@ func (f *flight) onDone(res engine.Result) {
 			f.endResponse(f.resp.rest(res, from, f.r.IncludeUsage))
 		case f.r.Stream:
 			f.sendHeaders(200, sseHeaders)
-			f.endResponse(f.resp.streamError("generation failed: " + string(res.Outcome)))
+			f.endResponse(openaiwire.StreamError(nil, "generation failed: "+string(res.Outcome)))
 		case ok:
-			body := f.resp.whole(res)
+			body := f.resp.Whole(res)
 			f.sendHeaders(200, withLength(jsonHeaders, len(body)))
 			f.endResponse(body)
 		default:
-			body := errorBody(500, "generation failed: "+string(res.Outcome))
+			body := openaiwire.ErrorBody(500, "generation failed: "+string(res.Outcome))
 			f.sendHeaders(500, withLength(jsonHeaders, len(body)))
 			f.endResponse(body)
 		}

@@ -58,13 +58,3 @@ func (p *responder) rest(res engine.Result, from int, includeUsage bool) []byte 
 	}
 	return openaiwire.Done(b)
 }
-
-// streamError is the event a stream ends with when generation fails after the headers went out
-// (the status is already 200).
-func (p *responder) streamError(msg string) []byte { return openaiwire.StreamError(nil, msg) }
-
-// whole is a non-streamed response: one JSON object with the text and the usage.
-func (p *responder) whole(res engine.Result) []byte { return p.Whole(res) }
-
-// errorBody is an OpenAI-style error answer sent before any output.
-func errorBody(status int, msg string) []byte { return openaiwire.ErrorBody(status, msg) }
