@@ -53,16 +53,24 @@ type capacities struct {
 	configured  int  // lruCapacityPerEndpoint
 	fromMetrics bool // size endpoints from their reported KV caches
 	calibrate   bool
-	maxEntries  int // pool-wide bound on index entries
+	learn       bool // learn the capacities of endpoints that report none (evidence.go)
+	maxEntries  int  // pool-wide bound on index entries
 
 	mu             sync.Mutex
 	tokens, bytes  float64 // decayed sums over usage reports
 	samples        int
-	bytesPerToken  float64                    // applied
-	reportedTokens float64                    // for metrics: the current tokens per block estimate
-	reported       map[*router.Endpoint]int64 // usable tokens from the endpoint's metrics
-	live           map[*router.Endpoint]int   // live endpoints → applied capacity (0: none yet)
-	defaultCap     int                        // applied default capacity
+	bytesPerToken  float64                      // applied
+	reportedTokens float64                      // for metrics: the current tokens per block estimate
+	reported       map[*router.Endpoint]int64   // usable tokens from the endpoint's metrics
+	live           map[*router.Endpoint]int     // live endpoints → applied capacity (0: none yet)
+	learned        map[*router.Endpoint]float64 // usable tokens learned from the evidence
+	bounded        map[*router.Endpoint]bool    // learned capacities last set by a trim
+	trimmed        map[*router.Endpoint]bool    // endpoints a trim has ever shrunk
+	ghost          map[*router.Endpoint]bool    // endpoints whose ghost ring is on
+	defaultCap     int                          // applied default capacity
+
+	// applied is told each endpoint's new capacity (metrics); nil: nobody listens.
+	applied func(ep *router.Endpoint, blocks int)
 
 	dirty, running atomic.Bool
 	idle           sync.Cond // signalled when a run ends (for tests), under mu
@@ -72,10 +80,16 @@ func newCapacities(x *Index, p Params) *capacities {
 	c := &capacities{
 		index: x, blockSize: p.BlockSize, configured: p.LRUCapacityPerEndpoint,
 		fromMetrics: p.CapacityFromMetrics, calibrate: p.CalibrateCapacity, maxEntries: p.MaxIndexEntries,
+		learn:         p.LearnCapacity && p.EvictionEvidence,
 		bytesPerToken: assumedBytesPerToken,
 		reported:      map[*router.Endpoint]int64{},
 		live:          map[*router.Endpoint]int{},
+		learned:       map[*router.Endpoint]float64{},
+		bounded:       map[*router.Endpoint]bool{},
+		trimmed:       map[*router.Endpoint]bool{},
+		ghost:         map[*router.Endpoint]bool{},
 	}
+	x.SetGhosts(c.learn)
 	c.idle.L = &c.mu
 	if !c.calibrate {
 		// Without calibration the configured capacity is taken as index blocks, whatever the
@@ -147,6 +161,9 @@ func (c *capacities) metrics(ep *router.Endpoint, m *router.Metrics) {
 	changed := false
 	if _, ok := c.live[ep]; ok && t > 0 && c.reported[ep] != t {
 		c.reported[ep] = t
+		delete(c.learned, ep) // the server's own figure replaces what was learned
+		delete(c.bounded, ep)
+		delete(c.trimmed, ep)
 		changed = true
 	}
 	c.mu.Unlock()
@@ -164,6 +181,10 @@ func (c *capacities) endpoints(added, removed []*router.Endpoint) {
 	for _, e := range removed {
 		delete(c.live, e)
 		delete(c.reported, e)
+		delete(c.learned, e)
+		delete(c.bounded, e)
+		delete(c.trimmed, e)
+		delete(c.ghost, e)
 	}
 	c.mu.Unlock()
 	c.kick()
@@ -221,6 +242,8 @@ func (c *capacities) apply() {
 		n := defCap
 		if t := c.reported[e]; t > 0 {
 			n = c.blocksLocked(float64(t))
+		} else if t := c.learned[e]; t > 0 {
+			n = c.blocksLocked(t)
 		}
 		want = append(want, plan{e, n})
 		sum += n
@@ -234,11 +257,16 @@ func (c *capacities) apply() {
 		c.defaultCap = min(c.defaultCap, c.maxEntries)
 	}
 	var changed []plan
+	var ghosts []*router.Endpoint
 	keep := map[int]bool{}
 	for _, p := range want {
 		p.cap = max(1, int(float64(p.cap)*scale))
-		if c.reported[p.ep] > 0 {
+		if c.reported[p.ep] > 0 || c.learned[p.ep] > 0 {
 			keep[p.ep.Slot] = true
+		}
+		if g := c.learn && c.reported[p.ep] == 0; g != c.ghost[p.ep] {
+			c.ghost[p.ep] = g
+			ghosts = append(ghosts, p.ep)
 		}
 		if c.live[p.ep] != p.cap {
 			c.live[p.ep] = p.cap
@@ -246,6 +274,10 @@ func (c *capacities) apply() {
 		}
 	}
 	defaultCap := c.defaultCap
+	ghostOn := make([]bool, len(ghosts))
+	for i, e := range ghosts {
+		ghostOn[i] = c.ghost[e]
+	}
 	c.mu.Unlock()
 	// Endpoints sized by the default (and any the plan does not know) follow the default;
 	// those sized by their own reports get theirs.
@@ -255,6 +287,119 @@ func (c *capacities) apply() {
 			c.index.SetCapacity(p.ep.Slot, p.cap)
 		}
 	}
+	for i, e := range ghosts {
+		if !e.Removed() {
+			c.index.SetGhost(e.Slot, ghostOn[i])
+		}
+	}
+	if c.applied != nil {
+		// Under mu, for live endpoints only: the plugin forgets a removed endpoint's series
+		// after it left live, so a late run cannot bring the series back.
+		c.mu.Lock()
+		for _, p := range changed {
+			if _, live := c.live[p.ep]; live {
+				c.applied(p.ep, p.cap)
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// Learned capacities stay within [learnMinBlocks index blocks, learnMaxFactor ×
+// lruCapacityPerEndpoint]: a few prompts' worth at least, so that one odd report cannot empty
+// an endpoint, and at most a factor that covers a configured figure off by an order of
+// magnitude and more (the pool-wide bound applies on top).
+const (
+	learnMinBlocks = 64
+	learnMaxFactor = 64
+)
+
+// shrink lowers ep's learned capacity to kept index blocks: its server evicted a block that
+// the index had used no earlier than every entry it kept, so it keeps no more than those. The
+// endpoint is then bounded: other endpoints' growth no longer lifts it.
+func (c *capacities) shrink(ep *router.Endpoint, kept int) {
+	if !c.learn {
+		return
+	}
+	c.mu.Lock()
+	changed := c.learnLocked(ep, func(cur, tpb float64) float64 { return min(cur, float64(max(kept, learnMinBlocks))*tpb) })
+	if changed {
+		c.bounded[ep] = true
+	}
+	c.trimmed[ep] = true
+	c.mu.Unlock()
+	if changed {
+		c.kick()
+	}
+}
+
+// grow raises ep's learned capacity by blocks, and to at least atLeast blocks: its server held
+// that many blocks the index had dropped for want of room, and so holds at least atLeast. The
+// servers of one pool serve one model, mostly on alike hardware, so the configured figure is
+// usually wrong for all of them alike: endpoints that no trim has bounded are lifted to
+// atLeast too. Learning each server's size alone is slow, because evidence comes only from the
+// requests routed there, and the index routes a prompt where it remembers it: a capacity
+// learned too small keeps prompts away from where the server still holds them.
+func (c *capacities) grow(ep *router.Endpoint, blocks, atLeast int) {
+	if !c.learn {
+		return
+	}
+	c.mu.Lock()
+	changed := c.learnLocked(ep, func(cur, tpb float64) float64 {
+		t := max(cur+float64(blocks)*tpb, float64(atLeast)*tpb)
+		if !c.trimmed[ep] {
+			// Nothing has shown this server smaller yet: at least double the capacity, so
+			// that one set far too small is found in a few rounds of evidence; a trim
+			// corrects an overshoot. (Once trimmed, doubling overshoots: capacity-x10's
+			// multi-turn p90 +29% on seeds 1-2.)
+			t = max(t, 2*cur)
+		}
+		return t
+	})
+	delete(c.bounded, ep)
+	for e := range c.live {
+		if e != ep && !c.bounded[e] {
+			changed = c.learnLocked(e, func(cur, tpb float64) float64 { return max(cur, float64(atLeast)*tpb) }) || changed
+		}
+	}
+	c.mu.Unlock()
+	if changed {
+		c.kick()
+	}
+}
+
+// learnLocked sets ep's learned capacity (in tokens) to f(current, tokens per index block),
+// within the bounds, unless its server reports its own; it reports a change.
+func (c *capacities) learnLocked(ep *router.Endpoint, f func(cur, tpb float64) float64) bool {
+	applied, live := c.live[ep]
+	if !live || c.reported[ep] > 0 {
+		return false
+	}
+	tpb := float64(c.blockSize) / c.bytesPerToken
+	cur := c.learned[ep]
+	if cur == 0 {
+		if applied == 0 {
+			applied = c.defaultCap
+		}
+		cur = float64(applied) * tpb
+	}
+	t := min(max(f(cur, tpb), learnMinBlocks*tpb), c.configuredTokens()*learnMaxFactor)
+	if t == c.learned[ep] {
+		return false
+	}
+	c.learned[ep] = t
+	return true
+}
+
+// learnedBlocks returns ep's learned capacity in index blocks, 0 when none (for tests and
+// metrics).
+func (c *capacities) learnedBlocks(ep *router.Endpoint) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := c.learned[ep]; t > 0 {
+		return c.blocksLocked(t)
+	}
+	return 0
 }
 
 // usage calibrates the index's capacity from the server's prompt_tokens for a prompt the picker

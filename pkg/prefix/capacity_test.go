@@ -3,6 +3,7 @@ package prefix
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,4 +183,121 @@ func TestEvictionEvidenceTrimsWhatTheServerNoLongerHolds(t *testing.T) {
 			}
 		})
 	}
+}
+
+func learnPlugin(t *testing.T, configured int, learn bool) (*Plugin, []*router.Endpoint) {
+	t.Helper()
+	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: configured,
+		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), CalibrateCapacity: true,
+		CapacityFromMetrics: true, EvictionEvidence: true, LearnCapacity: learn}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eps []*router.Endpoint
+	for i := range 4 {
+		eps = append(eps, router.NewEndpoint(fmt.Sprintf("10.0.0.%d:8000", i+1), i))
+	}
+	pl.EndpointsChanged(eps, nil)
+	pl.caps.settle()
+	return pl, eps
+}
+
+// serve runs one request for system through pl to ep: picked, answered 200, its usage
+// reported with cached tokens (cached < 0: no cached_tokens in the report). It returns the
+// blocks predicted on ep and the prompt's blocks.
+func serve(t *testing.T, pl *Plugin, eps []*router.Endpoint, ep *router.Endpoint, system string, cached int) (predicted, total int) {
+	t.Helper()
+	req := chatRequest(t, system, "q")
+	pl.Prepare(context.Background(), req)
+	scores(pl, req, eps)
+	predicted, total = MatchesOf(req).Blocks(ep), MatchesOf(req).Total
+	pl.Picked(req, ep)
+	pl.ResponseHeaders(req, ep, 200)
+	pl.Usage(req, ep, openai.Usage{PromptTokens: total * 16, CachedTokens: max(cached, 0), HasCached: cached >= 0})
+	pl.Done(req, ep)
+	pl.caps.settle()
+	return predicted, total
+}
+
+// TestLearnedCapacityGrowsWhenTheServerHeldWhatTheIndexDropped: lruCapacityPerEndpoint 100 is
+// far below what the servers hold. A prompt of ~290 blocks does not fit; when the server
+// reports the whole prompt cached the next time, the blocks the index had dropped for want of
+// room show the capacity too small: it grows to hold the prompt, on that endpoint and on the
+// others that no trim has bounded. With learnCapacity off it stays at 100.
+func TestLearnedCapacityGrowsWhenTheServerHeldWhatTheIndexDropped(t *testing.T) {
+	long := strings.Repeat("You are a careful assistant that answers in full sentences. ", 300)
+	for _, learn := range []bool{true, false} {
+		t.Run(fmt.Sprintf("learnCapacity=%v", learn), func(t *testing.T) {
+			pl, eps := learnPlugin(t, 100, learn)
+			_, total := serve(t, pl, eps, eps[0], long, 0)
+			if total < 250 {
+				t.Fatalf("prompt of %d blocks, want over 250 for this test", total)
+			}
+			pred, _ := serve(t, pl, eps, eps[0], long, total*16)
+			if pred != 100 {
+				t.Fatalf("predicted %d blocks, want the 100 the index could keep", pred)
+			}
+			got := pl.index.CapacityOf(0)
+			if !learn {
+				if got != 100 {
+					t.Fatalf("capacity %d with learning off, want 100", got)
+				}
+				return
+			}
+			if got < total-3 || got > total+3 {
+				t.Fatalf("learned capacity %d, want about the %d-block prompt the server held", got, total)
+			}
+			if other := pl.index.CapacityOf(2); other != got {
+				t.Fatalf("endpoint 2 (no evidence of its own) capacity %d, want lifted to %d", other, got)
+			}
+			serve(t, pl, eps, eps[0], long, total*16) // commits the prompt under the new capacity
+			if pred, _ := serve(t, pl, eps, eps[0], long, total*16); pred < total-3 {
+				t.Fatalf("after learning: %d of %d blocks predicted", pred, total)
+			}
+		})
+	}
+}
+
+// TestLearnedCapacityShrinksToWhatATrimKept: lruCapacityPerEndpoint far above what the server
+// holds. A report that the server lost a prompt trims the endpoint and bounds its capacity by
+// what the index kept (at least learnMinBlocks); the others keep theirs: one short report says
+// little about other servers (following it cost shared-prefix 9 points of hit ratio in the
+// replay's capacity-x10 scenario). Growth seen on another endpoint lifts the endpoints no trim
+// has bounded, not the bounded one, nor one whose server reports its size.
+func TestLearnedCapacityShrinksToWhatATrimKept(t *testing.T) {
+	pl, eps := learnPlugin(t, 10000, true)
+	report(pl, eps[3], 1000, 16) // 850 index blocks, from the server
+	pl.caps.settle()
+	older, target, newer := "older "+longSystem, "target "+longSystem, "newer "+longSystem
+	for _, s := range []string{older, target, newer} {
+		serve(t, pl, eps, eps[0], s, -1)
+	}
+	if got := pl.index.CapacityOf(1); got != 10000 {
+		t.Fatalf("capacity before any evidence %d, want the configured 10000", got)
+	}
+	pred, _ := serve(t, pl, eps, eps[0], target, 0) // the server found nothing
+	if pred < 10 {
+		t.Fatalf("target predicted %d blocks before the trim, want all of it", pred)
+	}
+	check := func(when string, want [4]int) {
+		t.Helper()
+		for ep, w := range want {
+			if got := pl.index.CapacityOf(ep); got != w {
+				t.Errorf("%s: endpoint %d capacity %d, want %d", when, ep, got, w)
+			}
+		}
+	}
+	check("after the trim", [4]int{learnMinBlocks, 10000, 10000, 850})
+	// Growth doubles an endpoint no trim has shrunk, and lifts the unbounded others to what
+	// the evidence shows.
+	pl.caps.grow(eps[1], 10, 500)
+	pl.caps.settle()
+	check("after growth on endpoint 1 to 500", [4]int{learnMinBlocks, 20000, 10000, 850})
+	pl.caps.grow(eps[2], 10, 30000)
+	pl.caps.settle()
+	check("after growth on endpoint 2 to 30000", [4]int{learnMinBlocks, 30000, 30000, 850})
+	// A trimmed endpoint grows to what the evidence shows, without doubling.
+	pl.caps.grow(eps[0], 10, 100)
+	pl.caps.settle()
+	check("after growth on the trimmed endpoint 0 to 100", [4]int{100, 30000, 30000, 850})
 }

@@ -18,6 +18,12 @@ import (
 //
 // The request's own blocks are not affected: they were committed again when its response
 // began, the server having recomputed them.
+//
+// The same reports size an endpoint whose server does not say how large its cache is
+// (learnCapacity): after a trim the entries kept bound what the server keeps of the index's
+// blocks, so the capacity drops to them; a reported hit on blocks the index had dropped for want
+// of room (its ghost ring, ghost.go) raises it by those blocks. The two meet where the index
+// holds what the server holds.
 const (
 	// A report counts as evidence of eviction only when it falls short of the prediction by more
 	// than evidenceSlackBlocks plus evidenceTolerance of it: the picker's 64-byte blocks never
@@ -53,15 +59,33 @@ func (pl *Plugin) evidence(st *state, served *router.Endpoint, u openai.Usage) {
 	if pl.metrics != nil {
 		pl.metrics.observeEvidence(served, float64(st.predicted)*tpb, float64(u.CachedTokens))
 	}
-	if !pl.p.EvictionEvidence || st.predicted == 0 || !st.hasPredStmp {
+	if !pl.p.EvictionEvidence {
 		return
 	}
 	found := float64(u.CachedTokens) / tpb
-	if found >= float64(st.predicted)*(1-evidenceTolerance)-evidenceSlackBlocks {
+	if st.predicted > 0 && st.hasPredStmp &&
+		found < float64(st.predicted)*(1-evidenceTolerance)-evidenceSlackBlocks {
+		evicted, kept := pl.index.TrimOlder(served.Slot, st.predStamp)
+		if pl.metrics != nil {
+			pl.metrics.observeTrim(served, evicted)
+		}
+		pl.caps.shrink(served, kept)
 		return
 	}
-	evicted, _ := pl.index.TrimOlder(served.Slot, st.predStamp)
-	if pl.metrics != nil {
-		pl.metrics.observeTrim(served, evicted)
+	// The server found more than predicted. That alone says little (a multi-turn prompt
+	// repeats the last answer, which the server cached as it generated it and the index never
+	// saw); but blocks the index had dropped for want of room, and the server still held, show
+	// that the capacity the index assumes there is too small.
+	hi := min(len(st.hashes), int(found)-evidenceSlackBlocks)
+	if !pl.caps.learn || hi <= st.predicted {
+		return
+	}
+	if g, since, capacity := pl.index.GhostHits(served.Slot, st.hashes[st.predicted:hi]); g > 0 {
+		// The server kept a block that the index dropped, and with it every block used after
+		// it: the capacity's worth the index holds and the drops since.
+		pl.caps.grow(served, g, capacity+since+1)
+		if pl.metrics != nil {
+			pl.metrics.observeGrow(served, g)
+		}
 	}
 }

@@ -35,6 +35,9 @@ type Index struct {
 	// endpoint's least recently used block (TailAges). It is a counter, not wall time, so that
 	// ages compare across endpoints and do not depend on how fast requests come.
 	tick uint32
+	// ghosts gives new endpoints a ghost ring (ghost.go): the capacities of endpoints whose
+	// servers report no cache size are learned from the evidence.
+	ghosts bool
 }
 
 const (
@@ -58,6 +61,7 @@ type endpointLRU struct {
 	n          int
 	capacity   int
 	byHash     *table[uint32]
+	ghost      *ghostRing // blocks dropped for want of room; nil unless learning this capacity
 }
 
 // NewIndex returns an index that keeps at most capacity blocks per endpoint.
@@ -106,6 +110,9 @@ func (x *Index) lru(slot int) *endpointLRU {
 	l := x.eps[slot]
 	if l == nil {
 		l = &endpointLRU{capacity: x.capacity, byHash: newTable[uint32](x.capacity)}
+		if x.ghosts {
+			l.ghost = newGhostRing(ghostsFor(l.capacity))
+		}
 		x.eps[slot] = l
 	}
 	return l
@@ -120,8 +127,11 @@ func (x *Index) SetCapacity(slot, capacity int) {
 		x.mu.Lock()
 		l := x.lru(slot)
 		l.capacity = capacity
+		if l.ghost != nil {
+			l.ghost = l.ghost.resized(ghostsFor(capacity))
+		}
 		for i := 0; i < removeChunk && l.n > l.capacity; i++ {
-			x.evict(l)
+			x.evictForRoom(l)
 		}
 		if l.n <= l.capacity {
 			l.byHash.limit = slotsFor(l.capacity)
@@ -211,6 +221,13 @@ func (x *Index) InsertIf(slot int, hashes []uint64, keep func() bool) {
 			// Blocks beyond the capacity would be evicted by the head's own insertion: skip them.
 			end = min(len(hashes), l.capacity)
 			x.tick++
+			if l.ghost != nil {
+				// The skipped blocks were dropped for want of room, too; head-most last, so
+				// that a ring too short for all keeps those.
+				for i := min(len(hashes), end+len(l.ghost.ring)) - 1; i >= end; i-- {
+					l.ghost.push(hashes[i])
+				}
+			}
 		}
 		start := max(0, end-commitChunk)
 		x.insertLocked(l, slot, hashes[start:end])
@@ -229,7 +246,7 @@ func (x *Index) insertLocked(l *endpointLRU, slot int, hashes []uint64) {
 			continue
 		}
 		if l.n >= l.capacity {
-			x.evict(l)
+			x.evictForRoom(l)
 		}
 		ni := x.alloc()
 		n := x.node(ni)
@@ -281,6 +298,57 @@ func (x *Index) evict(l *endpointLRU) {
 		return
 	}
 	x.drop(l, ni)
+}
+
+// evictForRoom evicts the least recently used block to make room, remembering it in the ghost
+// ring; evictions on the server's evidence (TrimOlder) are not remembered: the server no longer
+// has those blocks.
+func (x *Index) evictForRoom(l *endpointLRU) {
+	if l.ghost != nil && l.tail != 0 {
+		l.ghost.push(x.node(l.tail).hash)
+	}
+	x.evict(l)
+}
+
+// SetGhosts decides whether endpoints that get their first entry from now on keep a ghost ring.
+func (x *Index) SetGhosts(on bool) {
+	x.mu.Lock()
+	x.ghosts = on
+	x.mu.Unlock()
+}
+
+// SetGhost starts or stops endpoint slot's ghost ring (sized to its capacity).
+func (x *Index) SetGhost(slot int, on bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l := x.lru(slot)
+	switch {
+	case !on:
+		l.ghost = nil
+	case l.ghost == nil:
+		l.ghost = newGhostRing(ghostsFor(l.capacity))
+	}
+}
+
+// GhostHits counts the blocks of hashes that endpoint slot's LRU dropped for want of room and
+// does not hold again, and returns, of the one dropped longest ago, how many drops came after
+// it; and the endpoint's capacity.
+func (x *Index) GhostHits(slot int, hashes []uint64) (hits, since, capacity int) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot >= len(x.eps) || x.eps[slot] == nil || x.eps[slot].ghost == nil {
+		return 0, 0, 0
+	}
+	l := x.eps[slot]
+	for _, h := range hashes {
+		if d, ok := l.ghost.since(h); ok {
+			if _, held := l.byHash.get(h); !held {
+				hits++
+				since = max(since, d)
+			}
+		}
+	}
+	return hits, since, l.capacity
 }
 
 // drop removes node ni from its endpoint's LRU, its block's holder list and the slab.
@@ -580,6 +648,9 @@ func (x *Index) Stats() Stats {
 	for _, l := range x.eps {
 		if l != nil {
 			b += l.byHash.bytes()
+			if l.ghost != nil {
+				b += l.ghost.bytes()
+			}
 		}
 	}
 	return Stats{

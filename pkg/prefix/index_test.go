@@ -262,9 +262,11 @@ func TestIndexAgreesWithReferenceLRU(t *testing.T) {
 func BenchmarkIndexBytesPerEntry(b *testing.B) {
 	for _, tc := range []struct {
 		name   string
-		share  int // endpoints per group sharing the same prompts
-		rounds int // capacity multiples inserted
-	}{{"unique-blocks", 1, 1}, {"blocks-on-4-endpoints", 4, 1}, {"unique-blocks-after-churn", 1, 5}} {
+		share  int  // endpoints per group sharing the same prompts
+		rounds int  // capacity multiples inserted
+		ghosts bool // ghost rings on (servers that report no cache size, learnCapacity)
+	}{{"unique-blocks", 1, 1, false}, {"blocks-on-4-endpoints", 4, 1, false}, {"unique-blocks-after-churn", 1, 5, false},
+		{"unique-blocks-after-churn-with-ghost-rings", 1, 5, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			const slots, capacity = 16, 25000
 			var perEntry, reported float64
@@ -273,6 +275,7 @@ func BenchmarkIndexBytesPerEntry(b *testing.B) {
 				var m0, m1 runtime.MemStats
 				runtime.ReadMemStats(&m0)
 				x := NewIndex(capacity)
+				x.SetGhosts(tc.ghosts)
 				for s := range slots {
 					for r := range tc.rounds * capacity / 100 {
 						x.Insert(s, chain(uint64((s/tc.share)*1_000_000+r), 100))

@@ -9,6 +9,8 @@ import (
 type pluginMetrics struct {
 	predictedCached, reportedCached *prometheus.CounterVec
 	trims, trimmed                  *prometheus.CounterVec
+	grows, grown                    *prometheus.CounterVec
+	capacity                        *prometheus.GaugeVec
 	hitBlocks, reqBlocks            prometheus.Counter
 	hitRatio                        prometheus.Histogram
 	serverPrompt, serverCached      prometheus.Counter
@@ -68,7 +70,15 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		"Times a server reported clearly fewer cached tokens than predicted and the endpoint's older index entries were dropped.")
 	m.trimmed = ev("kvpick_prefix_evidence_trimmed_entries_total",
 		"Index entries dropped because a server reported fewer cached tokens than predicted.")
-	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed)
+	m.grows = ev("kvpick_prefix_evidence_grows_total",
+		"Times a server reported cache hits on blocks the index had dropped for want of room, and the endpoint's learned capacity grew.")
+	m.grown = ev("kvpick_prefix_evidence_grown_blocks_total",
+		"Index blocks added to learned capacities because servers still held blocks the index had dropped.")
+	m.capacity = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvpick_prefix_endpoint_capacity_blocks",
+		Help: "Capacity of an endpoint's share of the index, in index blocks: from its reported KV cache, learned from the evidence, or the default.",
+	}, []string{"endpoint"})
+	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown, m.capacity)
 	stat := func(name, help string, f func(Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return f(pl.index.Stats()) })
@@ -111,9 +121,19 @@ func (m *pluginMetrics) observeTrim(ep *router.Endpoint, evicted int) {
 	m.trimmed.WithLabelValues(ep.Addr).Add(float64(evicted))
 }
 
+func (m *pluginMetrics) observeGrow(ep *router.Endpoint, blocks int) {
+	m.grows.WithLabelValues(ep.Addr).Inc()
+	m.grown.WithLabelValues(ep.Addr).Add(float64(blocks))
+}
+
+func (m *pluginMetrics) setCapacity(ep *router.Endpoint, blocks int) {
+	m.capacity.WithLabelValues(ep.Addr).Set(float64(blocks))
+}
+
 // forget drops a removed endpoint's series.
 func (m *pluginMetrics) forget(ep *router.Endpoint) {
-	for _, v := range []*prometheus.CounterVec{m.predictedCached, m.reportedCached, m.trims, m.trimmed} {
+	m.capacity.DeleteLabelValues(ep.Addr)
+	for _, v := range []*prometheus.CounterVec{m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown} {
 		v.DeleteLabelValues(ep.Addr)
 	}
 }

@@ -40,6 +40,10 @@ type Params struct {
 	// EvictionEvidence trims an endpoint's entries when its server reports fewer cached tokens
 	// (usage.prompt_tokens_details.cached_tokens) than the index predicted (evidence.go).
 	EvictionEvidence bool `json:"evictionEvidence"`
+	// LearnCapacity learns the capacity of an endpoint whose server reports no cache size from
+	// the same reports: the entries left after an eviction trim bound it from above, a hit on
+	// a block the index had dropped for want of room shows it too small (evidence.go).
+	LearnCapacity bool `json:"learnCapacity"`
 }
 
 // Validate names the first bad field.
@@ -130,6 +134,9 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 	}
 	pl.caps = newCapacities(pl.index, p)
 	pl.metrics = newPluginMetrics(pl, reg)
+	if pl.metrics != nil {
+		pl.caps.applied = pl.metrics.setCapacity
+	}
 	return pl, nil
 }
 
@@ -315,11 +322,13 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
 	for _, e := range removed {
 		pl.index.RemoveEndpoint(e.Slot)
-		if pl.metrics != nil {
+	}
+	pl.caps.endpoints(added, removed)
+	if pl.metrics != nil {
+		for _, e := range removed {
 			pl.metrics.forget(e)
 		}
 	}
-	pl.caps.endpoints(added, removed)
 }
 
 // PendingCount is the number of live pending records (for tests and metrics).
