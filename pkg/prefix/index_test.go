@@ -331,20 +331,30 @@ func BenchmarkIndexInsert(b *testing.B) {
 			x.Insert(0, p)
 		}
 	})
-	b.Run("new-into-full", func(b *testing.B) {
-		x := NewIndex(capacity)
-		for r := range capacity / 1000 {
-			x.Insert(0, chain(uint64(r), 1000))
+	for _, ghosts := range []bool{false, true} {
+		name := "new-into-full"
+		if ghosts {
+			name += "-with-ghost-ring" // a server reporting no cache size: evictions remembered
 		}
-		prompts := make([][]uint64, 64)
-		for i := range prompts {
-			prompts[i] = chain(uint64(1000+i), 1000)
-		}
-		b.ResetTimer()
-		for i := range b.N {
-			x.Insert(0, prompts[i%len(prompts)])
-		}
-	})
+		b.Run(name, func(b *testing.B) { benchInsertNew(b, capacity, ghosts) })
+	}
+}
+
+// benchInsertNew commits new 1,000-block prompts into a full endpoint: one eviction per block.
+func benchInsertNew(b *testing.B, capacity int, ghosts bool) {
+	x := NewIndex(capacity)
+	x.SetGhosts(ghosts)
+	for r := range capacity / 1000 {
+		x.Insert(0, chain(uint64(r), 1000))
+	}
+	prompts := make([][]uint64, 64)
+	for i := range prompts {
+		prompts[i] = chain(uint64(1000+i), 1000)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		x.Insert(0, prompts[i%len(prompts)])
+	}
 }
 
 func TestLongPromptsCommittedInChunksKeepLRUOrder(t *testing.T) {
