@@ -57,18 +57,14 @@ func (g *ghostRing) since(h uint64) (int, bool) {
 // len is the number of drops the ring holds.
 func (g *ghostRing) len() int { return int(min(g.seq, uint32(len(g.ring)))) }
 
-// resized returns a ring of n slots holding the newest of g's drops (g itself when its size is
-// already n).
-func (g *ghostRing) resized(n int) *ghostRing {
-	n = max(n, 1)
-	if n == len(g.ring) {
-		return g
+// newest returns a copy of the last n drops (fewer if the ring holds fewer), oldest first.
+func (g *ghostRing) newest(n int) []uint64 {
+	k := min(g.len(), n)
+	out := make([]uint64, k)
+	for i := range out {
+		out[i] = g.ring[(g.seq-uint32(k-i))%uint32(len(g.ring))]
 	}
-	r := newGhostRing(n)
-	for k := min(g.len(), n); k > 0; k-- {
-		r.push(g.ring[(g.seq-uint32(k))%uint32(len(g.ring))])
-	}
-	return r
+	return out
 }
 
 func (g *ghostRing) bytes() int { return len(g.ring)*8 + g.count.bytes() }

@@ -25,15 +25,40 @@ func TestGhostRingRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
 	if since, ok := g.since(a); !ok || since != 2 {
 		t.Errorf("since(a) = %d, %v after one more drop; want 2, true", since, ok)
 	}
-	r := g.resized(2)
-	if _, ok := r.since(a); ok {
-		t.Error("a resized ring of 2 kept a drop older than the newest two")
+	if got := g.newest(2); len(got) != 2 || got[0] != c || got[1] != d {
+		t.Errorf("newest(2) = %v, want [c d] oldest first", got)
 	}
-	if since, ok := r.since(c); !ok || since != 1 {
-		t.Errorf("resized: since(c) = %d, %v; want 1, true", since, ok)
+	if got := g.newest(10); len(got) != 3 {
+		t.Errorf("newest(10) of a ring of 3: %d hashes", len(got))
 	}
-	if g.resized(3) != g {
-		t.Error("resizing to the same size must return the ring itself")
+}
+
+// TestGhostRingFollowsLargeCapacityChanges: the ring is rebuilt, keeping its newest drops, when
+// the capacity moves it by 2× or more, and left alone for smaller moves.
+func TestGhostRingFollowsLargeCapacityChanges(t *testing.T) {
+	x := NewIndex(20000)
+	x.SetGhosts(true)
+	x.Insert(0, chain(1, 1))
+	ringLen := func() int {
+		x.mu.RLock()
+		defer x.mu.RUnlock()
+		return len(x.eps[0].ghost.ring)
+	}
+	if n := ringLen(); n != 10000 {
+		t.Fatalf("ring of %d for capacity 20000, want 10000", n)
+	}
+	x.SetCapacity(0, 30000)
+	if n := ringLen(); n != 10000 {
+		t.Fatalf("ring rebuilt to %d for a 1.5x change", n)
+	}
+	x.SetCapacity(0, 16)
+	x.Insert(0, chain(2, 40)) // 16 kept; 24 skipped and evicted blocks dropped into the ring
+	x.SetCapacity(0, 100000)
+	if n := ringLen(); n != 50000 {
+		t.Fatalf("ring of %d after capacity 100000, want 50000", n)
+	}
+	if hits, _, _ := x.GhostHits(0, chain(2, 40)); hits != 24 {
+		t.Fatalf("%d ghost hits after the rebuild, want the 24 drops kept", hits)
 	}
 }
 

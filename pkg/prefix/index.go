@@ -127,9 +127,6 @@ func (x *Index) SetCapacity(slot, capacity int) {
 		x.mu.Lock()
 		l := x.lru(slot)
 		l.capacity = capacity
-		if l.ghost != nil {
-			l.ghost = l.ghost.resized(ghostsFor(capacity))
-		}
 		for i := 0; i < removeChunk && l.n > l.capacity; i++ {
 			x.evictForRoom(l)
 		}
@@ -139,10 +136,40 @@ func (x *Index) SetCapacity(slot, capacity int) {
 				l.byHash.resize(l.byHash.limit)
 			}
 			x.mu.Unlock()
+			x.resizeGhost(slot, capacity)
 			return
 		}
 		x.mu.Unlock()
 	}
+}
+
+// resizeGhost fits endpoint slot's ghost ring to a new capacity when the size it wants is at
+// least twice or at most half the ring's: rebuilding a ring of up to 65,536 hashes takes a
+// millisecond or more, so it is rare and built outside the write lock, from a copy of the
+// newest hashes (drops between the copy and the swap are lost, a handful at most).
+func (x *Index) resizeGhost(slot, capacity int) {
+	want := ghostsFor(capacity)
+	x.mu.RLock()
+	if slot >= len(x.eps) || x.eps[slot] == nil || x.eps[slot].ghost == nil {
+		x.mu.RUnlock()
+		return
+	}
+	old := x.eps[slot].ghost
+	if n := len(old.ring); want < 2*n && 2*want > n {
+		x.mu.RUnlock()
+		return
+	}
+	newest := old.newest(want)
+	x.mu.RUnlock()
+	r := newGhostRing(want)
+	for _, h := range newest {
+		r.push(h)
+	}
+	x.mu.Lock()
+	if slot < len(x.eps) && x.eps[slot] != nil && x.eps[slot].ghost == old {
+		x.eps[slot].ghost = r
+	}
+	x.mu.Unlock()
 }
 
 // SetDefaultCapacity sets the capacity of endpoints that get their first entry from now on.
