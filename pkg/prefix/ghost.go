@@ -1,23 +1,35 @@
 package prefix
 
+import (
+	"math/bits"
+	"slices"
+)
+
 // ghostRing remembers the hashes of the blocks an endpoint's LRU dropped for want of room (an
 // eviction, or a commit's blocks beyond the capacity), the way ARC's ghost lists do: when the
 // server later reports a cache hit on one of them, it still held a block the index had let go,
 // so the capacity the index assumes for it is too small (evidence.go). How long ago the block
-// was dropped, in drops, says by how much: the server also kept everything used after it. A
-// ring of the last drops plus a table from each hash to the sequence number of its latest drop;
-// ~30 bytes per hash (8 in the ring, 16-byte table slots at most 3/4 full).
+// was dropped, in drops, says by how much: the server also kept everything used after it.
+//
+// It is a direct-mapped table of the last drops: each hash has one slot, holding the hash and
+// the sequence number of its drop. Placement is not keyed, unlike the index's tables: with no
+// probing, colliding hashes cost nothing more, and a client who crafts prompts whose blocks
+// collide only makes the table forget, which slows the learning of one capacity. A drop
+// overwrites whatever its slot held, so the table is lossy — a drop survives k later ones with
+// probability ~e^(-k/n) — but a push is one write with no probing or deletion: remembering
+// evictions must not slow the commits that cause them (a ring with an exact hash table behind
+// it nearly doubled the cost of a commit that evicts). Drops older than n are not reported, so
+// that a slot left untouched for long cannot show an ancient drop. 12 bytes per slot.
 type ghostRing struct {
-	ring  []uint64
-	seq   uint32 // drops so far; the next drop's sequence number
-	count *table[uint32]
+	keys []uint64
+	seqs []uint32
+	seq  uint32 // drops so far; the next drop's sequence number
 }
 
 // Ring sizes: half the capacity, within [minGhosts, maxGhosts]. A hit shows a capacity up to
 // 1.5 times the index's (growth also doubles an endpoint no trim has shrunk, evidence.go); the
 // floor lets a capacity set 10× too small find the server's size within a few hits; half keeps
-// the ring's ~30 bytes per hash to ~15 per index entry, so that the index with its rings stays
-// under 100 bytes per entry; the ceiling is ~2 MiB per endpoint.
+// the table to ~6 bytes per index entry; the ceiling is 768 KiB per endpoint.
 const (
 	minGhosts = 4096
 	maxGhosts = 1 << 16
@@ -27,44 +39,53 @@ func ghostsFor(capacity int) int { return min(max(capacity/2, minGhosts), maxGho
 
 func newGhostRing(n int) *ghostRing {
 	n = max(n, 1)
-	return &ghostRing{ring: make([]uint64, n), count: newTable[uint32](n)}
+	return &ghostRing{keys: make([]uint64, n), seqs: make([]uint32, n)}
 }
 
-// push records that h was dropped, forgetting the oldest drop when the ring is full.
+func (g *ghostRing) slot(h uint64) int {
+	hi, _ := bits.Mul64(fmix64(h), uint64(len(g.keys)))
+	return int(hi)
+}
+
+// push records that h was dropped.
 func (g *ghostRing) push(h uint64) {
-	i := int(g.seq % uint32(len(g.ring)))
-	if g.seq >= uint32(len(g.ring)) {
-		// The drop being overwritten is len(ring) drops old; its hash stays if dropped again since.
-		old := g.ring[i]
-		if s, ok := g.count.get(old); ok && s == g.seq-uint32(len(g.ring)) {
-			g.count.del(old)
-		}
-	}
-	g.ring[i] = h
-	g.count.put(h, g.seq)
+	i := g.slot(h)
+	g.keys[i], g.seqs[i] = h, g.seq
 	g.seq++
 }
 
-// since reports whether h is in the ring and how many drops came after its latest one.
+// since reports whether h was dropped within the last n drops and still has its slot, and how
+// many drops came after its latest one.
 func (g *ghostRing) since(h uint64) (int, bool) {
-	s, ok := g.count.get(h)
-	if !ok {
+	i := g.slot(h)
+	if h == 0 || g.keys[i] != h { // block hashes are never 0, the empty slot's key
 		return 0, false
 	}
-	return int(g.seq - 1 - s), true
+	d := g.seq - 1 - g.seqs[i]
+	if int64(d) >= int64(len(g.keys)) {
+		return 0, false
+	}
+	return int(d), true
 }
 
-// len is the number of drops the ring holds.
-func (g *ghostRing) len() int { return int(min(g.seq, uint32(len(g.ring)))) }
-
-// newest returns a copy of the last n drops (fewer if the ring holds fewer), oldest first.
+// newest returns the remembered drops within the last n, oldest first.
 func (g *ghostRing) newest(n int) []uint64 {
-	k := min(g.len(), n)
-	out := make([]uint64, k)
-	for i := range out {
-		out[i] = g.ring[(g.seq-uint32(k-i))%uint32(len(g.ring))]
+	type drop struct {
+		seq uint32
+		h   uint64
+	}
+	var ds []drop
+	for i, h := range g.keys {
+		if d, ok := g.since(h); ok && d < n && g.slot(h) == i {
+			ds = append(ds, drop{g.seqs[i], h})
+		}
+	}
+	slices.SortFunc(ds, func(a, b drop) int { return int(int32(a.seq - b.seq)) })
+	out := make([]uint64, len(ds))
+	for i, d := range ds {
+		out[i] = d.h
 	}
 	return out
 }
 
-func (g *ghostRing) bytes() int { return len(g.ring)*8 + g.count.bytes() }
+func (g *ghostRing) bytes() int { return len(g.keys) * 12 }

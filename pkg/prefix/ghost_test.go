@@ -2,13 +2,29 @@ package prefix
 
 import "testing"
 
+// distinctSlots returns n hashes with different slots in g, none in the slots of avoid.
+func distinctSlots(g *ghostRing, n int, avoid ...uint64) []uint64 {
+	used := map[int]bool{}
+	for _, h := range avoid {
+		used[g.slot(h)] = true
+	}
+	var out []uint64
+	for h := uint64(1000); len(out) < n; h++ {
+		if i := g.slot(h); !used[i] {
+			used[i] = true
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 func TestGhostRingRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
-	const a, b, c, d = 11, 12, 13, 14
-	g := newGhostRing(3)
+	g := newGhostRing(1024)
+	hs := distinctSlots(g, 4)
+	a, b, c, d := hs[0], hs[1], hs[2], hs[3]
 	for _, h := range []uint64{a, b, a, c} {
 		g.push(h)
 	}
-	// c overwrote a's first drop, but a was dropped again since: it stays.
 	for _, tc := range []struct {
 		h     uint64
 		since int
@@ -18,18 +34,30 @@ func TestGhostRingRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
 			t.Errorf("since(%d) = %d, %v; want %d, %v", tc.h, since, ok, tc.since, tc.ok)
 		}
 	}
-	g.push(d) // overwrites b, a's second drop stays
+	if got := g.newest(2); len(got) != 2 || got[0] != a || got[1] != c {
+		t.Errorf("newest(2) = %v, want [a c]: the remembered drops within the last two, oldest first", got)
+	}
+	// A drop that another takes the slot of is forgotten (the table is lossy).
+	var x uint64
+	for h := uint64(1); ; h++ {
+		if h != b && g.slot(h) == g.slot(b) {
+			x = h
+			break
+		}
+	}
+	g.push(x)
 	if _, ok := g.since(b); ok {
-		t.Error("b still remembered after the ring wrapped over it")
+		t.Error("b still remembered after a drop took its slot")
 	}
-	if since, ok := g.since(a); !ok || since != 2 {
-		t.Errorf("since(a) = %d, %v after one more drop; want 2, true", since, ok)
+	if since, ok := g.since(x); !ok || since != 0 {
+		t.Errorf("since(x) = %d, %v; want 0, true", since, ok)
 	}
-	if got := g.newest(2); len(got) != 2 || got[0] != c || got[1] != d {
-		t.Errorf("newest(2) = %v, want [c d] oldest first", got)
+	// Drops older than the table's size are not reported, even when their slot is intact.
+	for _, h := range distinctSlots(g, 1023, a) {
+		g.push(h)
 	}
-	if got := g.newest(10); len(got) != 3 {
-		t.Errorf("newest(10) of a ring of 3: %d hashes", len(got))
+	if since, ok := g.since(a); ok {
+		t.Errorf("a reported %d drops ago, beyond the table's 1,024", since)
 	}
 }
 
@@ -42,7 +70,7 @@ func TestGhostRingFollowsLargeCapacityChanges(t *testing.T) {
 	ringLen := func() int {
 		x.mu.RLock()
 		defer x.mu.RUnlock()
-		return len(x.eps[0].ghost.ring)
+		return len(x.eps[0].ghost.keys)
 	}
 	if n := ringLen(); n != 10000 {
 		t.Fatalf("ring of %d for capacity 20000, want 10000", n)

@@ -155,7 +155,7 @@ func (x *Index) resizeGhost(slot, capacity int) {
 		return
 	}
 	old := x.eps[slot].ghost
-	if n := len(old.ring); want < 2*n && 2*want > n {
+	if n := len(old.keys); want < 2*n && 2*want > n {
 		x.mu.RUnlock()
 		return
 	}
@@ -251,7 +251,7 @@ func (x *Index) InsertIf(slot int, hashes []uint64, keep func() bool) {
 			if l.ghost != nil {
 				// The skipped blocks were dropped for want of room, too; head-most last, so
 				// that a ring too short for all keeps those.
-				for i := min(len(hashes), end+len(l.ghost.ring)) - 1; i >= end; i-- {
+				for i := min(len(hashes), end+len(l.ghost.keys)) - 1; i >= end; i-- {
 					l.ghost.push(hashes[i])
 				}
 			}
