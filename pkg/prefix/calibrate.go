@@ -66,7 +66,7 @@ type capacities struct {
 	learned        map[*router.Endpoint]float64 // usable tokens learned from the evidence
 	bounded        map[*router.Endpoint]bool    // learned capacities last set by a trim
 	trimmed        map[*router.Endpoint]bool    // endpoints a trim has ever shrunk
-	ghost          map[*router.Endpoint]bool    // endpoints whose ghost ring is on
+	ghost          map[*router.Endpoint]bool    // endpoints whose ghost table is on
 	defaultCap     int                          // applied default capacity
 
 	// applied is told each endpoint's new capacity (metrics); nil: nobody listens.

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// ghostRing remembers the hashes of the blocks an endpoint's LRU dropped for want of room (an
+// ghostTable remembers the hashes of the blocks an endpoint's LRU dropped for want of room (an
 // eviction, or a commit's blocks beyond the capacity), the way ARC's ghost lists do: when the
 // server later reports a cache hit on one of them, it still held a block the index had let go,
 // so the capacity the index assumes for it is too small (evidence.go). How long ago the block
@@ -20,13 +20,13 @@ import (
 // evictions must not slow the commits that cause them (a ring with an exact hash table behind
 // it nearly doubled the cost of a commit that evicts). Drops older than n are not reported, so
 // that a slot left untouched for long cannot show an ancient drop. 12 bytes per slot.
-type ghostRing struct {
+type ghostTable struct {
 	keys []uint64
 	seqs []uint32
 	seq  uint32 // drops so far; the next drop's sequence number
 }
 
-// Ring sizes: half the capacity, within [minGhosts, maxGhosts]. A hit shows a capacity up to
+// Table sizes: half the capacity, within [minGhosts, maxGhosts]. A hit shows a capacity up to
 // 1.5 times the index's (growth also doubles an endpoint no trim has shrunk, evidence.go); the
 // floor lets a capacity set 10× too small find the server's size within a few hits; half keeps
 // the table to ~6 bytes per index entry; the ceiling is 768 KiB per endpoint.
@@ -37,18 +37,18 @@ const (
 
 func ghostsFor(capacity int) int { return min(max(capacity/2, minGhosts), maxGhosts) }
 
-func newGhostRing(n int) *ghostRing {
+func newGhostTable(n int) *ghostTable {
 	n = max(n, 1)
-	return &ghostRing{keys: make([]uint64, n), seqs: make([]uint32, n)}
+	return &ghostTable{keys: make([]uint64, n), seqs: make([]uint32, n)}
 }
 
-func (g *ghostRing) slot(h uint64) int {
+func (g *ghostTable) slot(h uint64) int {
 	hi, _ := bits.Mul64(fmix64(h), uint64(len(g.keys)))
 	return int(hi)
 }
 
 // push records that h was dropped.
-func (g *ghostRing) push(h uint64) {
+func (g *ghostTable) push(h uint64) {
 	i := g.slot(h)
 	g.keys[i], g.seqs[i] = h, g.seq
 	g.seq++
@@ -56,7 +56,7 @@ func (g *ghostRing) push(h uint64) {
 
 // since reports whether h was dropped within the last n drops and still has its slot, and how
 // many drops came after its latest one.
-func (g *ghostRing) since(h uint64) (int, bool) {
+func (g *ghostTable) since(h uint64) (int, bool) {
 	i := g.slot(h)
 	if h == 0 || g.keys[i] != h { // block hashes are never 0, the empty slot's key
 		return 0, false
@@ -69,7 +69,7 @@ func (g *ghostRing) since(h uint64) (int, bool) {
 }
 
 // newest returns the remembered drops within the last n, oldest first.
-func (g *ghostRing) newest(n int) []uint64 {
+func (g *ghostTable) newest(n int) []uint64 {
 	type drop struct {
 		seq uint32
 		h   uint64
@@ -88,4 +88,4 @@ func (g *ghostRing) newest(n int) []uint64 {
 	return out
 }
 
-func (g *ghostRing) bytes() int { return len(g.keys) * 12 }
+func (g *ghostTable) bytes() int { return len(g.keys) * 12 }

@@ -3,7 +3,7 @@ package prefix
 import "testing"
 
 // distinctSlots returns n hashes with different slots in g, none in the slots of avoid.
-func distinctSlots(g *ghostRing, n int, avoid ...uint64) []uint64 {
+func distinctSlots(g *ghostTable, n int, avoid ...uint64) []uint64 {
 	used := map[int]bool{}
 	for _, h := range avoid {
 		used[g.slot(h)] = true
@@ -18,8 +18,8 @@ func distinctSlots(g *ghostRing, n int, avoid ...uint64) []uint64 {
 	return out
 }
 
-func TestGhostRingRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
-	g := newGhostRing(1024)
+func TestGhostTableRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
+	g := newGhostTable(1024)
 	hs := distinctSlots(g, 4)
 	a, b, c, d := hs[0], hs[1], hs[2], hs[3]
 	for _, h := range []uint64{a, b, a, c} {
@@ -61,9 +61,9 @@ func TestGhostRingRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
 	}
 }
 
-// TestGhostRingFollowsLargeCapacityChanges: the ring is rebuilt, keeping its newest drops, when
+// TestGhostTableFollowsLargeCapacityChanges: the ring is rebuilt, keeping its newest drops, when
 // the capacity moves it by 2× or more, and left alone for smaller moves.
-func TestGhostRingFollowsLargeCapacityChanges(t *testing.T) {
+func TestGhostTableFollowsLargeCapacityChanges(t *testing.T) {
 	x := NewIndex(20000)
 	x.SetGhosts(true)
 	x.Insert(0, chain(1, 1))
@@ -91,7 +91,7 @@ func TestGhostRingFollowsLargeCapacityChanges(t *testing.T) {
 }
 
 // TestIndexGhostsTheBlocksItDropsForRoom: evictions for room and a commit's blocks beyond the
-// capacity go to the ghost ring; a trim on the server's evidence, or a block held again, does
+// capacity go to the ghost table; a trim on the server's evidence, or a block held again, does
 // not count; an index without ghosts counts nothing.
 func TestIndexGhostsTheBlocksItDropsForRoom(t *testing.T) {
 	x := NewIndex(4)

@@ -35,7 +35,7 @@ type Index struct {
 	// endpoint's least recently used block (TailAges). It is a counter, not wall time, so that
 	// ages compare across endpoints and do not depend on how fast requests come.
 	tick uint32
-	// ghosts gives new endpoints a ghost ring (ghost.go): the capacities of endpoints whose
+	// ghosts gives new endpoints a ghost table (ghost.go): the capacities of endpoints whose
 	// servers report no cache size are learned from the evidence.
 	ghosts bool
 }
@@ -61,7 +61,7 @@ type endpointLRU struct {
 	n          int
 	capacity   int
 	byHash     *table[uint32]
-	ghost      *ghostRing // blocks dropped for want of room; nil unless learning this capacity
+	ghost      *ghostTable // blocks dropped for want of room; nil unless learning this capacity
 }
 
 // NewIndex returns an index that keeps at most capacity blocks per endpoint.
@@ -111,7 +111,7 @@ func (x *Index) lru(slot int) *endpointLRU {
 	if l == nil {
 		l = &endpointLRU{capacity: x.capacity, byHash: newTable[uint32](x.capacity)}
 		if x.ghosts {
-			l.ghost = newGhostRing(ghostsFor(l.capacity))
+			l.ghost = newGhostTable(ghostsFor(l.capacity))
 		}
 		x.eps[slot] = l
 	}
@@ -143,8 +143,8 @@ func (x *Index) SetCapacity(slot, capacity int) {
 	}
 }
 
-// resizeGhost fits endpoint slot's ghost ring to a new capacity when the size it wants is at
-// least twice or at most half the ring's: rebuilding a ring of up to 65,536 hashes takes a
+// resizeGhost fits endpoint slot's ghost table to a new capacity when the size it wants is at
+// least twice or at most half the table's: rebuilding a table of up to 65,536 slots takes a
 // millisecond or more, so it is rare and built outside the write lock, from a copy of the
 // newest hashes (drops between the copy and the swap are lost, a handful at most).
 func (x *Index) resizeGhost(slot, capacity int) {
@@ -161,7 +161,7 @@ func (x *Index) resizeGhost(slot, capacity int) {
 	}
 	newest := old.newest(want)
 	x.mu.RUnlock()
-	r := newGhostRing(want)
+	r := newGhostTable(want)
 	for _, h := range newest {
 		r.push(h)
 	}
@@ -250,7 +250,7 @@ func (x *Index) InsertIf(slot int, hashes []uint64, keep func() bool) {
 			x.tick++
 			if l.ghost != nil {
 				// The skipped blocks were dropped for want of room, too; head-most last, so
-				// that a ring too short for all keeps those.
+				// that a table too small for all keeps those.
 				for i := min(len(hashes), end+len(l.ghost.keys)) - 1; i >= end; i-- {
 					l.ghost.push(hashes[i])
 				}
@@ -328,7 +328,7 @@ func (x *Index) evict(l *endpointLRU) {
 }
 
 // evictForRoom evicts the least recently used block to make room, remembering it in the ghost
-// ring; evictions on the server's evidence (TrimOlder) are not remembered: the server no longer
+// table; evictions on the server's evidence (TrimOlder) are not remembered: the server no longer
 // has those blocks.
 func (x *Index) evictForRoom(l *endpointLRU) {
 	if l.ghost != nil && l.tail != 0 {
@@ -337,14 +337,14 @@ func (x *Index) evictForRoom(l *endpointLRU) {
 	x.evict(l)
 }
 
-// SetGhosts decides whether endpoints that get their first entry from now on keep a ghost ring.
+// SetGhosts decides whether endpoints that get their first entry from now on keep a ghost table.
 func (x *Index) SetGhosts(on bool) {
 	x.mu.Lock()
 	x.ghosts = on
 	x.mu.Unlock()
 }
 
-// SetGhost starts or stops endpoint slot's ghost ring (sized to its capacity).
+// SetGhost starts or stops endpoint slot's ghost table (sized to its capacity).
 func (x *Index) SetGhost(slot int, on bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -353,7 +353,7 @@ func (x *Index) SetGhost(slot int, on bool) {
 	case !on:
 		l.ghost = nil
 	case l.ghost == nil:
-		l.ghost = newGhostRing(ghostsFor(l.capacity))
+		l.ghost = newGhostTable(ghostsFor(l.capacity))
 	}
 }
 

@@ -264,9 +264,9 @@ func BenchmarkIndexBytesPerEntry(b *testing.B) {
 		name   string
 		share  int  // endpoints per group sharing the same prompts
 		rounds int  // capacity multiples inserted
-		ghosts bool // ghost rings on (servers that report no cache size, learnCapacity)
+		ghosts bool // ghost tables on (servers that report no cache size, learnCapacity)
 	}{{"unique-blocks", 1, 1, false}, {"blocks-on-4-endpoints", 4, 1, false}, {"unique-blocks-after-churn", 1, 5, false},
-		{"unique-blocks-after-churn-with-ghost-rings", 1, 5, true}} {
+		{"unique-blocks-after-churn-with-ghost-tables", 1, 5, true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			const slots, capacity = 16, 25000
 			var perEntry, reported float64
@@ -334,7 +334,7 @@ func BenchmarkIndexInsert(b *testing.B) {
 	for _, ghosts := range []bool{false, true} {
 		name := "new-into-full"
 		if ghosts {
-			name += "-with-ghost-ring" // a server reporting no cache size: evictions remembered
+			name += "-with-ghost-table" // a server reporting no cache size: evictions remembered
 		}
 		b.Run(name, func(b *testing.B) { benchInsertNew(b, capacity, ghosts) })
 	}
