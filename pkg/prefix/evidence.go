@@ -21,9 +21,9 @@ import (
 //
 // The same reports size an endpoint whose server does not say how large its cache is
 // (learnCapacity): after a trim the entries kept bound what the server keeps of the index's
-// blocks, so the capacity drops to them; a reported hit on blocks the index had dropped for want
-// of room (its ghost table, ghost.go) raises it to what the server must have kept. The two meet where the index
-// holds what the server holds.
+// blocks, so the capacity drops to them; a reported hit on blocks the index had dropped for
+// want of room (its ghost table, ghost.go) raises it to what the server must have kept. The
+// two meet where the index holds what the server holds.
 const (
 	// A report counts as evidence of eviction only when it falls short of the prediction by more
 	// than evidenceSlackBlocks plus evidenceTolerance of it: the picker's 64-byte blocks never

@@ -250,7 +250,7 @@ func (x *Index) InsertIf(slot int, hashes []uint64, keep func() bool) {
 			x.tick++
 			if l.ghost != nil {
 				// The skipped blocks were dropped for want of room, too; head-most last, so
-				// that a table too small for all keeps those.
+				// that those are the newest drops.
 				for i := min(len(hashes), end+len(l.ghost.keys)) - 1; i >= end; i-- {
 					l.ghost.push(hashes[i])
 				}
