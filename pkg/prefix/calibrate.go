@@ -59,21 +59,26 @@ type capacities struct {
 	mu             sync.Mutex
 	tokens, bytes  float64 // decayed sums over usage reports
 	samples        int
-	bytesPerToken  float64                      // applied
-	reportedTokens float64                      // for metrics: the current tokens per block estimate
-	reported       map[*router.Endpoint]int64   // usable tokens from the endpoint's metrics
-	live           map[*router.Endpoint]int     // live endpoints → applied capacity (0: none yet)
-	learned        map[*router.Endpoint]float64 // usable tokens learned from the evidence
-	bounded        map[*router.Endpoint]bool    // learned capacities last set by a trim
-	trimmed        map[*router.Endpoint]bool    // endpoints a trim has ever shrunk
-	ghost          map[*router.Endpoint]bool    // endpoints whose ghost table is on
-	defaultCap     int                          // applied default capacity
+	bytesPerToken  float64                        // applied
+	reportedTokens float64                        // for metrics: the current tokens per block estimate
+	reported       map[*router.Endpoint]int64     // usable tokens from the endpoint's metrics
+	live           map[*router.Endpoint]int       // live endpoints → applied capacity (0: none yet)
+	learned        map[*router.Endpoint]*learning // what the evidence taught (learnCapacity)
+	ghost          map[*router.Endpoint]bool      // endpoints whose ghost table is on
+	defaultCap     int                            // applied default capacity
 
 	// applied is told each endpoint's new capacity (metrics); nil: nobody listens.
 	applied func(ep *router.Endpoint, blocks int)
 
 	dirty, running atomic.Bool
 	idle           sync.Cond // signalled when a run ends (for tests), under mu
+}
+
+// learning is one endpoint's capacity as learned from the evidence.
+type learning struct {
+	tokens  float64 // usable tokens; 0: none learned yet (the applied capacity stands)
+	bounded bool    // last set by a trim: other endpoints' growth does not lift it
+	trimmed bool    // a trim has ever shrunk it: growth no longer doubles it
 }
 
 func newCapacities(x *Index, p Params) *capacities {
@@ -84,9 +89,7 @@ func newCapacities(x *Index, p Params) *capacities {
 		bytesPerToken: assumedBytesPerToken,
 		reported:      map[*router.Endpoint]int64{},
 		live:          map[*router.Endpoint]int{},
-		learned:       map[*router.Endpoint]float64{},
-		bounded:       map[*router.Endpoint]bool{},
-		trimmed:       map[*router.Endpoint]bool{},
+		learned:       map[*router.Endpoint]*learning{},
 		ghost:         map[*router.Endpoint]bool{},
 	}
 	x.SetGhosts(c.learn)
@@ -162,8 +165,6 @@ func (c *capacities) metrics(ep *router.Endpoint, m *router.Metrics) {
 	if _, ok := c.live[ep]; ok && t > 0 && c.reported[ep] != t {
 		c.reported[ep] = t
 		delete(c.learned, ep) // the server's own figure replaces what was learned
-		delete(c.bounded, ep)
-		delete(c.trimmed, ep)
 		changed = true
 	}
 	c.mu.Unlock()
@@ -182,8 +183,6 @@ func (c *capacities) endpoints(added, removed []*router.Endpoint) {
 		delete(c.live, e)
 		delete(c.reported, e)
 		delete(c.learned, e)
-		delete(c.bounded, e)
-		delete(c.trimmed, e)
 		delete(c.ghost, e)
 	}
 	c.mu.Unlock()
@@ -242,8 +241,8 @@ func (c *capacities) apply() {
 		n := defCap
 		if t := c.reported[e]; t > 0 {
 			n = c.blocksLocked(float64(t))
-		} else if t := c.learned[e]; t > 0 {
-			n = c.blocksLocked(t)
+		} else if l := c.learned[e]; l != nil && l.tokens > 0 {
+			n = c.blocksLocked(l.tokens)
 		}
 		want = append(want, plan{e, n})
 		sum += n
@@ -257,16 +256,20 @@ func (c *capacities) apply() {
 		c.defaultCap = min(c.defaultCap, c.maxEntries)
 	}
 	var changed []plan
-	var ghosts []*router.Endpoint
+	type ghostSwitch struct {
+		ep *router.Endpoint
+		on bool
+	}
+	var ghosts []ghostSwitch
 	keep := map[int]bool{}
 	for _, p := range want {
 		p.cap = max(1, int(float64(p.cap)*scale))
-		if c.reported[p.ep] > 0 || c.learned[p.ep] > 0 {
+		if l := c.learned[p.ep]; c.reported[p.ep] > 0 || l != nil && l.tokens > 0 {
 			keep[p.ep.Slot] = true
 		}
-		if g := c.learn && c.reported[p.ep] == 0; g != c.ghost[p.ep] {
-			c.ghost[p.ep] = g
-			ghosts = append(ghosts, p.ep)
+		if on := c.learn && c.reported[p.ep] == 0; on != c.ghost[p.ep] {
+			c.ghost[p.ep] = on
+			ghosts = append(ghosts, ghostSwitch{p.ep, on})
 		}
 		if c.live[p.ep] != p.cap {
 			c.live[p.ep] = p.cap
@@ -274,10 +277,6 @@ func (c *capacities) apply() {
 		}
 	}
 	defaultCap := c.defaultCap
-	ghostOn := make([]bool, len(ghosts))
-	for i, e := range ghosts {
-		ghostOn[i] = c.ghost[e]
-	}
 	c.mu.Unlock()
 	// Endpoints sized by the default (and any the plan does not know) follow the default;
 	// those sized by their own reports get theirs.
@@ -287,9 +286,9 @@ func (c *capacities) apply() {
 			c.index.SetCapacity(p.ep.Slot, p.cap)
 		}
 	}
-	for i, e := range ghosts {
-		if !e.Removed() {
-			c.index.SetGhost(e.Slot, ghostOn[i])
+	for _, g := range ghosts {
+		if !g.ep.Removed() {
+			c.index.SetGhost(g.ep.Slot, g.on)
 		}
 	}
 	if c.applied != nil {
@@ -323,10 +322,10 @@ func (c *capacities) shrink(ep *router.Endpoint, kept int) {
 	}
 	c.mu.Lock()
 	changed := c.learnLocked(ep, func(cur, tpb float64) float64 { return min(cur, float64(max(kept, learnMinBlocks))*tpb) })
-	if changed {
-		c.bounded[ep] = true
+	if l := c.learned[ep]; l != nil {
+		l.bounded = l.bounded || changed
+		l.trimmed = true
 	}
-	c.trimmed[ep] = true
 	c.mu.Unlock()
 	if changed {
 		c.kick()
@@ -347,7 +346,7 @@ func (c *capacities) grow(ep *router.Endpoint, blocks, atLeast int) {
 	c.mu.Lock()
 	changed := c.learnLocked(ep, func(cur, tpb float64) float64 {
 		t := max(cur+float64(blocks)*tpb, float64(atLeast)*tpb)
-		if !c.trimmed[ep] {
+		if l := c.learned[ep]; l == nil || !l.trimmed {
 			// Nothing has shown this server smaller yet: at least double the capacity, so
 			// that one set far too small is found in a few rounds of evidence; a trim
 			// corrects an overshoot. (Once trimmed, doubling overshoots: capacity-x10's
@@ -356,9 +355,11 @@ func (c *capacities) grow(ep *router.Endpoint, blocks, atLeast int) {
 		}
 		return t
 	})
-	delete(c.bounded, ep)
+	if l := c.learned[ep]; l != nil {
+		l.bounded = false
+	}
 	for e := range c.live {
-		if e != ep && !c.bounded[e] {
+		if l := c.learned[e]; e != ep && (l == nil || !l.bounded) {
 			changed = c.learnLocked(e, func(cur, tpb float64) float64 { return max(cur, float64(atLeast)*tpb) }) || changed
 		}
 	}
@@ -369,14 +370,20 @@ func (c *capacities) grow(ep *router.Endpoint, blocks, atLeast int) {
 }
 
 // learnLocked sets ep's learned capacity (in tokens) to f(current, tokens per index block),
-// within the bounds, unless its server reports its own; it reports a change.
+// within the bounds, unless its server reports its own; it reports a change. A live endpoint
+// without a report has its learning record afterwards, changed or not.
 func (c *capacities) learnLocked(ep *router.Endpoint, f func(cur, tpb float64) float64) bool {
 	applied, live := c.live[ep]
 	if !live || c.reported[ep] > 0 {
 		return false
 	}
+	l := c.learned[ep]
+	if l == nil {
+		l = &learning{}
+		c.learned[ep] = l
+	}
 	tpb := float64(c.blockSize) / c.bytesPerToken
-	cur := c.learned[ep]
+	cur := l.tokens
 	if cur == 0 {
 		if applied == 0 {
 			applied = c.defaultCap
@@ -384,22 +391,11 @@ func (c *capacities) learnLocked(ep *router.Endpoint, f func(cur, tpb float64) f
 		cur = float64(applied) * tpb
 	}
 	t := min(max(f(cur, tpb), learnMinBlocks*tpb), c.configuredTokens()*learnMaxFactor)
-	if t == c.learned[ep] {
+	if t == l.tokens {
 		return false
 	}
-	c.learned[ep] = t
+	l.tokens = t
 	return true
-}
-
-// learnedBlocks returns ep's learned capacity in index blocks, 0 when none (for tests and
-// metrics).
-func (c *capacities) learnedBlocks(ep *router.Endpoint) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if t := c.learned[ep]; t > 0 {
-		return c.blocksLocked(t)
-	}
-	return 0
 }
 
 // usage calibrates the index's capacity from the server's prompt_tokens for a prompt the picker

@@ -12,11 +12,13 @@ import (
 	"github.com/kvpick/kvpick/pkg/router"
 )
 
-func capPlugin(t *testing.T, fromMetrics bool, maxEntries int) (*Plugin, []*router.Endpoint) {
+// poolPlugin returns a plugin with p (and the fields every capacity test shares) in front of
+// four endpoints.
+func poolPlugin(t *testing.T, p Params) (*Plugin, []*router.Endpoint) {
 	t.Helper()
-	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: 10000,
-		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), CalibrateCapacity: true,
-		CapacityFromMetrics: fromMetrics, MaxIndexEntries: maxEntries, EvictionEvidence: true}, nil)
+	p.BlockSize, p.MaxBlocksPerRequest, p.MinMatchBlocks = 64, 1000, 2
+	p.PendingTTL, p.CalibrateCapacity, p.EvictionEvidence = config.Duration(time.Minute), true, true
+	pl, err := New(p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,6 +27,12 @@ func capPlugin(t *testing.T, fromMetrics bool, maxEntries int) (*Plugin, []*rout
 		eps = append(eps, router.NewEndpoint(fmt.Sprintf("10.0.0.%d:8000", i+1), i))
 	}
 	pl.EndpointsChanged(eps, nil)
+	return pl, eps
+}
+
+func capPlugin(t *testing.T, fromMetrics bool, maxEntries int) (*Plugin, []*router.Endpoint) {
+	t.Helper()
+	pl, eps := poolPlugin(t, Params{LRUCapacityPerEndpoint: 10000, CapacityFromMetrics: fromMetrics, MaxIndexEntries: maxEntries})
 	for _, e := range eps {
 		pl.index.Insert(e.Slot, chain(uint64(e.Slot), 1)) // give every endpoint its LRU
 	}
@@ -187,17 +195,7 @@ func TestEvictionEvidenceTrimsWhatTheServerNoLongerHolds(t *testing.T) {
 
 func learnPlugin(t *testing.T, configured int, learn bool) (*Plugin, []*router.Endpoint) {
 	t.Helper()
-	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: configured,
-		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), CalibrateCapacity: true,
-		CapacityFromMetrics: true, EvictionEvidence: true, LearnCapacity: learn}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var eps []*router.Endpoint
-	for i := range 4 {
-		eps = append(eps, router.NewEndpoint(fmt.Sprintf("10.0.0.%d:8000", i+1), i))
-	}
-	pl.EndpointsChanged(eps, nil)
+	pl, eps := poolPlugin(t, Params{LRUCapacityPerEndpoint: configured, CapacityFromMetrics: true, LearnCapacity: learn})
 	pl.caps.settle()
 	return pl, eps
 }
