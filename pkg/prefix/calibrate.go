@@ -327,6 +327,9 @@ func (c *capacities) shrink(ep *router.Endpoint, kept int) {
 		l.trimmed = true
 	}
 	c.mu.Unlock()
+	if !ep.Removed() {
+		c.index.SetGhostProbe(ep.Slot, false)
+	}
 	if changed {
 		c.kick()
 	}

@@ -208,7 +208,9 @@ func serve(t *testing.T, pl *Plugin, eps []*router.Endpoint, ep *router.Endpoint
 	req := chatRequest(t, system, "q")
 	pl.Prepare(context.Background(), req)
 	scores(pl, req, eps)
-	predicted, total = MatchesOf(req).Blocks(ep), MatchesOf(req).Total
+	// The prediction the evidence checks: the blocks the index holds (the scorers may also see
+	// pending records and ghost credit, GhostMatch).
+	predicted, total = int(pl.state(req).committed[ep.Slot]), MatchesOf(req).Total
 	pl.Picked(req, ep)
 	pl.ResponseHeaders(req, ep, 200)
 	pl.Usage(req, ep, openai.Usage{PromptTokens: total * 16, CachedTokens: max(cached, 0), HasCached: cached >= 0})
@@ -286,6 +288,10 @@ func TestLearnedCapacityShrinksToWhatATrimKept(t *testing.T) {
 		}
 	}
 	check("after the trim", [4]int{learnMinBlocks, 10000, 10000, 850})
+	if pl.index.eps[0].probe || !pl.index.eps[1].probe {
+		t.Errorf("ghost probing: trimmed endpoint 0 %v, untrimmed endpoint 1 %v; want off, on",
+			pl.index.eps[0].probe, pl.index.eps[1].probe)
+	}
 	// Growth doubles an endpoint no trim has shrunk, and lifts the unbounded others to what
 	// the evidence shows.
 	pl.caps.grow(eps[1], 10, 500)

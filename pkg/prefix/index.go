@@ -62,6 +62,9 @@ type endpointLRU struct {
 	capacity   int
 	byHash     *table[uint32]
 	ghost      *ghostTable // blocks dropped for want of room; nil unless learning this capacity
+	// probe: the ghost table's recent drops count, in part, as held (GhostMatch): nothing has
+	// shown this capacity too large yet, so the server may well hold more than the index.
+	probe bool
 }
 
 // NewIndex returns an index that keeps at most capacity blocks per endpoint.
@@ -112,6 +115,7 @@ func (x *Index) lru(slot int) *endpointLRU {
 		l = &endpointLRU{capacity: x.capacity, byHash: newTable[uint32](x.capacity)}
 		if x.ghosts {
 			l.ghost = newGhostTable(ghostsFor(l.capacity))
+			l.probe = true
 		}
 		x.eps[slot] = l
 	}
@@ -354,6 +358,47 @@ func (x *Index) SetGhost(slot int, on bool) {
 		l.ghost = nil
 	case l.ghost == nil:
 		l.ghost = newGhostTable(ghostsFor(l.capacity))
+		l.probe = true
+	}
+}
+
+// SetGhostProbe says whether endpoint slot's ghost table takes part in GhostMatch. A trim turns
+// it off: the server was shown to hold less than the index, so what the index dropped for room
+// is gone there too.
+func (x *Index) SetGhostProbe(slot int, on bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if slot < len(x.eps) && x.eps[slot] != nil {
+		x.eps[slot].probe = on
+	}
+}
+
+// GhostMatch extends lens[slot], the leading blocks of hashes that endpoint slot holds, by half
+// the blocks that follow and that its LRU dropped for want of room within its last capacity's
+// worth of drops — for the endpoints whose ghost tables probe. A capacity learned too small hides
+// itself: the index forgets prompts its server still holds, the scorer sends them elsewhere, and
+// no report comes back that could show the ghost hit that would grow it. Half a match draws such a
+// prompt back when the endpoint is not much busier than the others, and its report settles it:
+// the hit grows the capacity (evidence.go), a miss costs what routing it elsewhere would have.
+func (x *Index) GhostMatch(hashes []uint64, lens []int32) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for slot, l := range x.eps {
+		if slot >= len(lens) || l == nil || l.ghost == nil || !l.probe || l.ghost.seq == 0 {
+			continue
+		}
+		n := 0
+		for _, h := range hashes[min(int(lens[slot]), len(hashes)):] {
+			d, ok := l.ghost.since(h)
+			if !ok || d >= l.capacity {
+				break
+			}
+			if _, held := l.byHash.get(h); held {
+				break
+			}
+			n++
+		}
+		lens[slot] += int32(n / 2)
 	}
 }
 

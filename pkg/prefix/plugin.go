@@ -193,6 +193,9 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	st.ages = st.ages[:maxSlot+1]
 	pl.index.MatchAges(st.hashes, st.lens, st.ages)
 	st.committed = append(st.committed[:0], st.lens...)
+	if pl.caps.learn {
+		pl.index.GhostMatch(st.hashes, st.lens)
+	}
 	if cap(st.pendings) <= maxSlot {
 		st.pendings = make([]int32, maxSlot+1)
 	}
