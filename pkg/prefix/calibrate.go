@@ -327,9 +327,6 @@ func (c *capacities) shrink(ep *router.Endpoint, kept int) {
 		l.trimmed = true
 	}
 	c.mu.Unlock()
-	if !ep.Removed() {
-		c.index.SetGhostProbe(ep.Slot, false)
-	}
 	if changed {
 		c.kick()
 	}

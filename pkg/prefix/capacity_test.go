@@ -288,9 +288,9 @@ func TestLearnedCapacityShrinksToWhatATrimKept(t *testing.T) {
 		}
 	}
 	check("after the trim", [4]int{learnMinBlocks, 10000, 10000, 850})
-	if pl.index.eps[0].probe || !pl.index.eps[1].probe {
-		t.Errorf("ghost probing: trimmed endpoint 0 %v, untrimmed endpoint 1 %v; want off, on",
-			pl.index.eps[0].probe, pl.index.eps[1].probe)
+	if !pl.index.eps[0].trimmed || pl.index.eps[1].trimmed {
+		t.Errorf("ghost credit ended: trimmed endpoint 0 %v, untrimmed endpoint 1 %v; want true, false",
+			pl.index.eps[0].trimmed, pl.index.eps[1].trimmed)
 	}
 	// Growth doubles an endpoint no trim has shrunk, and lifts the unbounded others to what
 	// the evidence shows.

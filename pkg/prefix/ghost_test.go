@@ -169,14 +169,18 @@ func TestGhostMatchCountsHalfOfWhatTheIndexDroppedRecently(t *testing.T) {
 
 	y := NewIndex(4)
 	y.SetGhosts(true)
-	y.Insert(0, first)
-	y.SetGhostProbe(0, false)
+	y.Insert(0, chain(3, 1))
+	stamp, _ := y.Stamp(0, chain(3, 1)[0])
+	y.Insert(0, first)    // holds blocks 0-3 and drops 4-7 for room, after evicting chain 3
+	y.TrimOlder(0, stamp) // the server showed it lost chain 3 (already gone from the index)
 	if got := match(y, 0, first); got != 4 {
-		t.Fatalf("probe off (after a trim): match %d, want the 4 held blocks only", got)
+		t.Fatalf("after a trim: match %d, want the 4 held blocks only", got)
 	}
-	y.SetGhostProbe(0, true)
-	if got := match(y, 0, first); got != 6 {
-		t.Fatalf("probe back on: match %d, want 6", got)
+	y.SetGhost(0, false)
+	y.SetGhost(0, true)      // a new table (the server stopped, then resumed, reporting no size)
+	y.Insert(0, chain(4, 8)) // evicts blocks 0-3 of first into the new table
+	if got := match(y, 0, first); got != 2 {
+		t.Fatalf("new ghost table after a trim: match %d, want 4/2", got)
 	}
 
 	z := NewIndex(4)

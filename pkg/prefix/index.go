@@ -62,9 +62,10 @@ type endpointLRU struct {
 	capacity   int
 	byHash     *table[uint32]
 	ghost      *ghostTable // blocks dropped for want of room; nil unless learning this capacity
-	// probe: the ghost table's recent drops count, in part, as held (GhostMatch): nothing has
-	// shown this capacity too large yet, so the server may well hold more than the index.
-	probe bool
+	// trimmed: TrimOlder has cut this endpoint since its ghost table started. Its server was
+	// shown to hold less than the index, so what the index dropped for room is gone there too,
+	// and GhostMatch gives it no credit.
+	trimmed bool
 }
 
 // NewIndex returns an index that keeps at most capacity blocks per endpoint.
@@ -115,7 +116,6 @@ func (x *Index) lru(slot int) *endpointLRU {
 		l = &endpointLRU{capacity: x.capacity, byHash: newTable[uint32](x.capacity)}
 		if x.ghosts {
 			l.ghost = newGhostTable(ghostsFor(l.capacity))
-			l.probe = true
 		}
 		x.eps[slot] = l
 	}
@@ -358,24 +358,26 @@ func (x *Index) SetGhost(slot int, on bool) {
 		l.ghost = nil
 	case l.ghost == nil:
 		l.ghost = newGhostTable(ghostsFor(l.capacity))
-		l.probe = true
+		l.trimmed = false
 	}
 }
 
-// SetGhostProbe says whether endpoint slot's ghost table takes part in GhostMatch. A trim turns
-// it off: the server was shown to hold less than the index, so what the index dropped for room
-// is gone there too.
-func (x *Index) SetGhostProbe(slot int, on bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if slot < len(x.eps) && x.eps[slot] != nil {
-		x.eps[slot].probe = on
+// ghostSince reports whether l's LRU dropped h for want of room and does not hold it again, and
+// how many drops came after.
+func (l *endpointLRU) ghostSince(h uint64) (int, bool) {
+	d, ok := l.ghost.since(h)
+	if !ok {
+		return 0, false
 	}
+	if _, held := l.byHash.get(h); held {
+		return 0, false
+	}
+	return d, true
 }
 
 // GhostMatch extends lens[slot], the leading blocks of hashes that endpoint slot holds, by half
 // the blocks that follow and that its LRU dropped for want of room within its last capacity's
-// worth of drops — for the endpoints whose ghost tables probe. A capacity learned too small hides
+// worth of drops — for the endpoints with ghost tables that no trim has cut. A capacity learned too small hides
 // itself: the index forgets prompts its server still holds, the scorer sends them elsewhere, and
 // no report comes back that could show the ghost hit that would grow it. Half a match draws such a
 // prompt back when the endpoint is not much busier than the others, and its report settles it:
@@ -384,16 +386,12 @@ func (x *Index) GhostMatch(hashes []uint64, lens []int32) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for slot, l := range x.eps {
-		if slot >= len(lens) || l == nil || l.ghost == nil || !l.probe || l.ghost.seq == 0 {
+		if slot >= len(lens) || l == nil || l.ghost == nil || l.trimmed || l.ghost.seq == 0 {
 			continue
 		}
 		n := 0
 		for _, h := range hashes[min(int(lens[slot]), len(hashes)):] {
-			d, ok := l.ghost.since(h)
-			if !ok || d >= l.capacity {
-				break
-			}
-			if _, held := l.byHash.get(h); held {
+			if d, ok := l.ghostSince(h); !ok || d >= l.capacity {
 				break
 			}
 			n++
@@ -413,11 +411,9 @@ func (x *Index) GhostHits(slot int, hashes []uint64) (hits, since, capacity int)
 	}
 	l := x.eps[slot]
 	for _, h := range hashes {
-		if d, ok := l.ghost.since(h); ok {
-			if _, held := l.byHash.get(h); !held {
-				hits++
-				since = max(since, d)
-			}
+		if d, ok := l.ghostSince(h); ok {
+			hits++
+			since = max(since, d)
 		}
 	}
 	return hits, since, l.capacity
@@ -572,7 +568,8 @@ func (x *Index) Stamp(slot int, h uint64) (uint32, bool) {
 // TrimOlder evicts every entry of endpoint slot last used at or before commit stamp: when the
 // server shows that it no longer holds a block the index had at that age, it holds nothing
 // older either (both evict least recently used first). It returns the entries evicted and
-// kept. Stamps compare modulo 2^32, so a stamp from the last two billion commits is read right.
+// kept, and ends the endpoint's ghost credit (GhostMatch). Stamps compare modulo 2^32, so a
+// stamp from the last two billion commits is read right.
 func (x *Index) TrimOlder(slot int, stamp uint32) (evicted, kept int) {
 	for {
 		x.mu.Lock()
@@ -581,6 +578,7 @@ func (x *Index) TrimOlder(slot int, stamp uint32) (evicted, kept int) {
 			return evicted, 0
 		}
 		l := x.eps[slot]
+		l.trimmed = true
 		i := 0
 		for ; i < removeChunk && l.tail != 0 && int32(x.node(l.tail).stamp-stamp) <= 0; i++ {
 			x.evict(l)
