@@ -717,7 +717,8 @@ func (x *Exchange) waitAnswered(s *side) error {
 
 // ---- sending ---------------------------------------------------------------------------------
 
-// errStop: processing ended (immediate response, or the server left); send nothing more.
+// errStop: processing had ended (immediate response, or the server left) before the message was
+// registered; it was not sent, and the caller forwards it itself.
 var errStop = errors.New("processing complete")
 
 // emit registers a message (under x.mu) and sends it. protocol_config rides on the first one.
@@ -758,7 +759,10 @@ func (x *Exchange) emit(register func(), req *extprocv3.ProcessingRequest) error
 	if x.err != nil {
 		return x.err
 	}
-	return errStop
+	// The message was registered before the stream ended, so the receiver's end-of-stream handling
+	// (onServerGone's "continue without me", or the immediate response) already accounted for it:
+	// passing it through again would forward it twice.
+	return nil
 }
 
 func (x *Exchange) headersMsg(s *side, hs []Header, eos bool) *extprocv3.ProcessingRequest {

@@ -397,7 +397,7 @@ func TestOverloaded(t *testing.T) {
 	}, Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	for range 2 {
+	send := func() {
 		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/chat/completions", strings.NewReader(chatBody("")))
 		go func() {
 			if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -405,6 +405,12 @@ func TestOverloaded(t *testing.T) {
 			}
 		}()
 	}
+	// One at a time: two sent together can both reach the one-slot
+	// waiting queue before the scheduler runs the first, and the second
+	// would be refused before the state under test exists.
+	send()
+	waitFor(t, "one running", func() bool { s := eng.Stats(); return s.Running == 1 && s.Waiting == 0 })
+	send()
 	waitFor(t, "one running, one waiting", func() bool { s := eng.Stats(); return s.Running == 1 && s.Waiting == 1 })
 	resp := post(t, srv.URL+"/v1/chat/completions", chatBody(""))
 	if e := decode[errorResponse](t, resp.Body); resp.StatusCode != 503 || e.Error.Code != 503 {
