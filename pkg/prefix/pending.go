@@ -38,6 +38,7 @@ type pendingShard struct {
 type pendingRecord struct {
 	hashes  []uint64
 	ep      *router.Endpoint
+	seq     int64 // the request's pick number on ep (router.Request.PickSeq)
 	expires time.Time
 	live    bool
 	at      int // index in its group (under the shard's lock)
@@ -112,8 +113,11 @@ func (p *pendingSet) remove(r *pendingRecord) {
 
 // match raises lens[slot] to the number of leading blocks of hashes that a live, unexpired
 // pending record on that endpoint shares, and counts in counts[slot] (when counts is not nil)
-// the records there that share at least minBlocks; it drops the expired records it meets.
-func (p *pendingSet) match(hashes []uint64, now time.Time, lens []int32, counts []int32, minBlocks int) {
+// the records there that share at least minBlocks and are still prefilling; a record whose
+// request is known to be past its prefill (Endpoint.PrefilledThrough) raises prefilled[slot]
+// instead (when not nil): its prompt is in the cache, its answer just has not come. It drops
+// the expired records it meets.
+func (p *pendingSet) match(hashes []uint64, now time.Time, lens, counts, prefilled []int32, minBlocks int) {
 	if len(hashes) == 0 {
 		return
 	}
@@ -135,6 +139,12 @@ func (p *pendingSet) match(hashes []uint64, now time.Time, lens []int32, counts 
 		n := int32(commonPrefix(r.hashes, hashes))
 		if lens[r.ep.Slot] < n {
 			lens[r.ep.Slot] = n
+		}
+		if r.seq > 0 && r.seq <= r.ep.PrefilledThrough() {
+			if prefilled != nil && prefilled[r.ep.Slot] < n {
+				prefilled[r.ep.Slot] = n
+			}
+			continue
 		}
 		if counts != nil && int(n) >= minBlocks {
 			counts[r.ep.Slot]++

@@ -41,14 +41,14 @@ func TestPendingMatchesLiveRecordsOnly(t *testing.T) {
 	p.add(r1, now)
 	p.add(r2, now.Add(-20*time.Second)) // already expired
 	lens := make([]int32, 3)
-	p.match(cat(base, chain(9, 2)), now, lens, nil, 0)
+	p.match(cat(base, chain(9, 2)), now, lens, nil, nil, 0)
 	if lens[0] != 8 || lens[1] != 3 || lens[2] != 0 {
 		t.Fatalf("lens = %v, want [8 3 0]", lens)
 	}
 	p.remove(r0)
 	e1.MarkRemoved()
 	clear(lens)
-	p.match(base, now, lens, nil, 0)
+	p.match(base, now, lens, nil, nil, 0)
 	if lens[0] != 0 || lens[1] != 0 {
 		t.Fatalf("after remove/endpoint removal lens = %v, want zeros", lens)
 	}
@@ -78,16 +78,43 @@ func TestPendingWorkIsBounded(t *testing.T) {
 		t.Fatalf("%d records kept for 2000 picks on one prefix over 2 endpoints, want %d", n, 2*pendingPerEndpoint)
 	}
 	lens := make([]int32, 2)
-	p.match(cat(shared, chain(1999+100, 5)), now.Add(2*time.Second), lens, nil, 0)
+	p.match(cat(shared, chain(1999+100, 5)), now.Add(2*time.Second), lens, nil, nil, 0)
 	if lens[1] != 55 || lens[0] != 50 {
 		t.Fatalf("lens %v: the newest records must still match (55 on the endpoint of the last one, 50 elsewhere)", lens)
 	}
 	clear(lens)
-	p.match(shared, now.Add(time.Hour), lens, nil, 0)
+	p.match(shared, now.Add(time.Hour), lens, nil, nil, 0)
 	if n := p.len(); n != 0 || lens[0] != 0 || lens[1] != 0 {
 		t.Fatalf("after expiry: %d records left, lens %v", n, lens)
 	}
 	for _, r := range recs {
 		p.remove(r) // dropped records: removing them again is harmless
+	}
+}
+
+// TestARecordPastItsPrefillIsCachedNotInFlight: a request that does not stream stays pending
+// until its answer ends, long after its prompt entered the cache; once the endpoint's prefills
+// are known over through its pick, its record says "cached" (prefilled) instead of "being
+// computed" (counts), so followers do not take its prefix for one many requests wait on.
+func TestARecordPastItsPrefillIsCachedNotInFlight(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newPendingSet(10 * time.Second)
+	e0, e1 := router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1)
+	base := chain(1, 8)
+	p.add(&pendingRecord{hashes: base, ep: e0, seq: 4}, now)
+	p.add(&pendingRecord{hashes: base[:6], ep: e1, seq: 2}, now)
+	p.add(&pendingRecord{hashes: base[:5], ep: e1}, now) // no pick number: never counts as prefilled
+	e0.SetPrefilledThrough(3)                            // pick 4 is still prefilling
+	e1.SetPrefilledThrough(2)                            // pick 2 is past it
+	lens, counts, prefilled := make([]int32, 2), make([]int32, 2), make([]int32, 2)
+	p.match(base, now, lens, counts, prefilled, 1)
+	if want := []int32{8, 6}; lens[0] != want[0] || lens[1] != want[1] {
+		t.Errorf("lens %v, want %v", lens, want)
+	}
+	if want := []int32{1, 1}; counts[0] != want[0] || counts[1] != want[1] {
+		t.Errorf("in-flight counts %v, want %v", counts, want)
+	}
+	if want := []int32{0, 6}; prefilled[0] != want[0] || prefilled[1] != want[1] {
+		t.Errorf("prefilled %v, want %v", prefilled, want)
 	}
 }

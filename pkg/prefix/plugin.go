@@ -104,7 +104,8 @@ type state struct {
 	hashes    []uint64
 	lens      []int32  // matched blocks by endpoint slot, from the last Score
 	committed []int32  // the part of lens that the index holds (the rest: pending records)
-	pendings  []int32  // pending records sharing the prompt's prefix, by endpoint slot
+	pendings  []int32  // pending records sharing the prompt's prefix and still prefilling, by slot
+	prefilled []int32  // the part of lens that pending records past their prefill hold, by slot
 	ages      []uint32 // index tail ages by endpoint slot, from the last Score
 	reuse     float64  // the pool's recent reuse rate when it was scored
 	scored    bool
@@ -202,7 +203,12 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	st.pendings = st.pendings[:maxSlot+1]
 	clear(st.pendings)
 	minMatch := max(pl.p.MinMatchBlocks, 1)
-	pl.pending.match(st.hashes, pl.now(), st.lens, st.pendings, minMatch)
+	if cap(st.prefilled) <= maxSlot {
+		st.prefilled = make([]int32, maxSlot+1)
+	}
+	st.prefilled = st.prefilled[:maxSlot+1]
+	clear(st.prefilled)
+	pl.pending.match(st.hashes, pl.now(), st.lens, st.pendings, st.prefilled, minMatch)
 	st.scored = true
 	total := float64(len(st.hashes))
 	// A pending match draws followers to a prefill in progress only while it is the only one:
@@ -222,7 +228,7 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 		}
 		best = max(best, m)
 		if inFlight > 1 {
-			m = int(st.committed[e.Slot])
+			m = int(max(st.committed[e.Slot], st.prefilled[e.Slot]))
 			if m < minMatch {
 				continue
 			}
@@ -247,7 +253,7 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 		}
 		pl.metrics.observe(hit, len(st.hashes))
 	}
-	st.pending = pendingRecord{hashes: st.hashes, ep: ep}
+	st.pending = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
 	pl.pending.add(&st.pending, pl.now())
 	pl.recordPrediction(st, ep)
 }

@@ -404,3 +404,36 @@ func TestAPrefixManyWaitForIsNotQueuedBehindOneEndpoint(t *testing.T) {
 		pl.Done(r, eps[0])
 	}
 }
+
+// TestRequestsPastTheirPrefillDoNotMakeAPrefixLookHot: requests that do not stream stay pending
+// until their answers end. Once the endpoint's prefills are known over through their picks, the
+// prompt is in its cache: followers score it there like a committed match, instead of taking the
+// prefix for one that several requests still wait on and computing it again elsewhere.
+func TestRequestsPastTheirPrefillDoNotMakeAPrefixLookHot(t *testing.T) {
+	pl := testPlugin(t)
+	eps := twoEndpoints()
+	var seq int64
+	pick := func(q string) (*router.Request, []float64) {
+		r := chatRequest(t, longSystem, q) // not streamed: pending until its answer ends
+		pl.Prepare(context.Background(), r)
+		s := scores(pl, r, eps)
+		seq++
+		r.PickSeq = seq
+		pl.Picked(r, eps[0])
+		return r, s
+	}
+	first, _ := pick("one")
+	second, _ := pick("two")
+	third, s3 := pick("three")
+	if s3[0] != 0 {
+		t.Fatalf("with two requests prefilling the prefix, the third scores %v there, want 0", s3)
+	}
+	eps[0].SetPrefilledThrough(2) // the first two are past their prefill; the third is not
+	fourth, s4 := pick("four")
+	if s4[0] < 0.5 {
+		t.Fatalf("with the prefix prefilled there (one request still prefilling), the fourth scores %v, want its match", s4)
+	}
+	for _, r := range []*router.Request{first, second, third, fourth} {
+		pl.Done(r, eps[0])
+	}
+}

@@ -27,6 +27,7 @@ type Endpoint struct {
 	prefill    atomic.Int64
 	prefillHd  atomic.Int64
 	prefillExt atomic.Int64
+	prefilled  atomic.Int64
 	removed    atomic.Bool
 	unhealthy  atomic.Bool
 	metrics    atomic.Pointer[Metrics]
@@ -90,6 +91,23 @@ func (e *Endpoint) ExternalPrefill() int64 { return e.prefillExt.Load() }
 
 // SetExternalPrefill publishes ExternalPrefill.
 func (e *Endpoint) SetExternalPrefill(n int64) { e.prefillExt.Store(n) }
+
+// PrefilledThrough is the highest pick number (Request.PickSeq) up to which every request
+// routed to the endpoint is known to be past its prefill: its prompt is in the server's cache
+// even if its answer has not begun (a request that does not stream shows nothing until the
+// end). The prefill scorer maintains it from first bytes, answers and the server's counters;
+// 0 when nothing is known.
+func (e *Endpoint) PrefilledThrough() int64 { return e.prefilled.Load() }
+
+// SetPrefilledThrough raises PrefilledThrough to seq (it never goes back).
+func (e *Endpoint) SetPrefilledThrough(seq int64) {
+	for {
+		cur := e.prefilled.Load()
+		if seq <= cur || e.prefilled.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
 
 // Removed reports whether the endpoint has left the pool.
 func (e *Endpoint) Removed() bool { return e.removed.Load() }

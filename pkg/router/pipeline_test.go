@@ -247,3 +247,13 @@ func TestAPanickingPickObserverLeavesNothingInFlight(t *testing.T) {
 		t.Fatalf("in flight %d after a panicking observer, want 0", n)
 	}
 }
+
+func TestPrefilledThroughNeverGoesBack(t *testing.T) {
+	e := router.NewEndpoint("10.0.0.1:8000", 0)
+	for _, tt := range []struct{ set, want int64 }{{3, 3}, {2, 3}, {7, 7}, {0, 7}, {7, 7}} {
+		e.SetPrefilledThrough(tt.set)
+		if got := e.PrefilledThrough(); got != tt.want {
+			t.Fatalf("after SetPrefilledThrough(%d): %d, want %d", tt.set, got, tt.want)
+		}
+	}
+}

@@ -94,6 +94,7 @@ type queue struct {
 	// knownAtFirsts are the server's first-token count and known at the last scrape.
 	known, firsts, knownAtFirsts uint64
 	hasFirsts                    bool
+	maxSeq                       int64 // the highest pick number charged here
 }
 
 var (
@@ -207,6 +208,7 @@ func (s *Scorer) Picked(req *router.Request, ep *router.Endpoint) {
 		s.queues[ep] = q
 	}
 	q.charges = append(q.charges, c)
+	q.maxSeq = max(q.maxSeq, c.seq)
 	if len(q.charges)-q.start == 1 {
 		ep.SetPrefillHead(n)
 	}
@@ -367,6 +369,16 @@ func (s *Scorer) advanceLocked(ep *router.Endpoint, q *queue) {
 		q.charges[q.start] = nil
 		q.start++
 	}
+	// Every request charged here before the oldest one still charged is past its prefill (or
+	// gone: its pending prefix record is dropped anyway), which tells the prefix scorer that a
+	// prompt that does not stream is in the cache long before its answer says so.
+	through := q.maxSeq
+	for _, c := range q.charges[q.start:] {
+		if !c.done {
+			through = min(through, c.seq-1)
+		}
+	}
+	ep.SetPrefilledThrough(through)
 	switch {
 	case q.start == len(q.charges):
 		q.charges, q.start = q.charges[:0], 0 // kept for the next request: no allocation per pick

@@ -442,9 +442,15 @@ func TestTheServersFirstTokenCountSettlesNonStreamedRequests(t *testing.T) {
 	if q := ep.QueuedPrefill(); q != total {
 		t.Fatalf("a first scrape paid %d blocks back: it only sets the baseline", total-q)
 	}
+	if got := ep.PrefilledThrough(); got != 0 {
+		t.Fatalf("prefilled through pick %d before anything was known", got)
+	}
 	pf.FirstByte(stream, ep) // the picker sees the stream's first token: it pays everything older
 	if q := ep.QueuedPrefill(); q != 0 {
 		t.Fatalf("queue %d after the newest request's first byte, want 0 (arrival order)", q)
+	}
+	if got := ep.PrefilledThrough(); got != 6 {
+		t.Fatalf("prefilled through pick %d after the sixth pick's first byte, want 6", got)
 	}
 	for _, r := range append(reqs, stream) {
 		pf.Done(r, ep)
@@ -468,6 +474,14 @@ func TestTheServersFirstTokenCountSettlesNonStreamedRequests(t *testing.T) {
 	pf.MetricsUpdated(ep, m)
 	if q, want := ep.QueuedPrefill(), blocks[2]+blocks[3]; q != want {
 		t.Fatalf("queue %d, want %d: the two oldest of four paid back", q, want)
+	}
+	// Picks 7-10 are the four; the two oldest are known prefilled, although neither has answered.
+	if got := ep.PrefilledThrough(); got != 8 {
+		t.Fatalf("prefilled through pick %d, want 8", got)
+	}
+	pf.Done(reqs[3], ep) // the newest ends early (a client hang-up): that says nothing of pick 9
+	if got := ep.PrefilledThrough(); got != 8 {
+		t.Fatalf("prefilled through pick %d after pick 10 ended early, want 8", got)
 	}
 	for _, r := range reqs {
 		pf.Done(r, ep)
