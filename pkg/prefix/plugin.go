@@ -183,11 +183,7 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	for _, e := range eps {
 		maxSlot = max(maxSlot, e.Slot)
 	}
-	if cap(st.lens) <= maxSlot {
-		st.lens = make([]int32, maxSlot+1)
-	}
-	st.lens = st.lens[:maxSlot+1]
-	clear(st.lens)
+	st.lens = zeroedSlots(st.lens, maxSlot+1)
 	if cap(st.ages) <= maxSlot {
 		st.ages = make([]uint32, maxSlot+1)
 	}
@@ -197,17 +193,9 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	if pl.caps.learn {
 		pl.index.GhostMatch(st.hashes, st.lens)
 	}
-	if cap(st.pendings) <= maxSlot {
-		st.pendings = make([]int32, maxSlot+1)
-	}
-	st.pendings = st.pendings[:maxSlot+1]
-	clear(st.pendings)
+	st.pendings = zeroedSlots(st.pendings, maxSlot+1)
+	st.prefilled = zeroedSlots(st.prefilled, maxSlot+1)
 	minMatch := max(pl.p.MinMatchBlocks, 1)
-	if cap(st.prefilled) <= maxSlot {
-		st.prefilled = make([]int32, maxSlot+1)
-	}
-	st.prefilled = st.prefilled[:maxSlot+1]
-	clear(st.prefilled)
 	pl.pending.match(st.hashes, pl.now(), st.lens, st.pendings, st.prefilled, minMatch)
 	st.scored = true
 	total := float64(len(st.hashes))
@@ -236,6 +224,16 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 		scores[i] = float64(m) / total
 	}
 	st.reuse = pl.reuse.observe(float64(best) / total)
+}
+
+// zeroedSlots returns s resized to n per-slot counters, all zero, reusing its array when it can.
+func zeroedSlots(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // Picked records the pending entry that lets followers find this prompt on ep right away.
