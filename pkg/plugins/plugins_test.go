@@ -43,6 +43,7 @@ func TestBuildRejectsBadPluginConfig(t *testing.T) {
 		{"negative weight", []config.Plugin{{Name: "inflight-scorer", Weight: &neg}}, "must not be negative"},
 		{"prefill scorer without the prefix scorer before it", []config.Plugin{{Name: "prefill-scorer"}, {Name: "prefix-scorer"}}, "needs prefix-scorer listed before it"},
 		{"cache-room scorer without the prefix scorer", []config.Plugin{{Name: "cache-room-scorer"}}, "needs prefix-scorer listed before it"},
+		{"kv-fit scorer without the prefix scorer", []config.Plugin{{Name: "kv-fit-scorer"}}, "needs prefix-scorer listed before it"},
 		{"parameters on a plugin without any", []config.Plugin{{Name: "subset-filter", Parameters: []byte(`{"x":1}`)}}, "takes no parameters"},
 	}
 	for _, tc := range tests {

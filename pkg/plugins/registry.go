@@ -15,6 +15,7 @@ import (
 	"github.com/kvpick/kvpick/pkg/plugins/cacheroom"
 	"github.com/kvpick/kvpick/pkg/plugins/health"
 	"github.com/kvpick/kvpick/pkg/plugins/inflight"
+	"github.com/kvpick/kvpick/pkg/plugins/kvfit"
 	"github.com/kvpick/kvpick/pkg/plugins/loadguard"
 	"github.com/kvpick/kvpick/pkg/plugins/maxscore"
 	"github.com/kvpick/kvpick/pkg/plugins/prefill"
@@ -38,6 +39,7 @@ var factories = map[string]factory{
 	inflight.Name:  noParams(func() router.Plugin { return &inflight.Scorer{} }),
 	maxscore.Name:  noParams(func() router.Plugin { return &maxscore.Picker{} }),
 	cacheroom.Name: noParams(func() router.Plugin { return &cacheroom.Scorer{} }),
+	kvfit.Name:     noParams(func() router.Plugin { return &kvfit.Scorer{} }),
 	saturation.Name: func(raw json.RawMessage, _ Deps) (router.Plugin, error) {
 		var p saturation.Params
 		if err := decode(saturation.Name, raw, &p); err != nil {
@@ -143,7 +145,7 @@ func Build(specs []config.Plugin, d Deps) (*Built, error) {
 			}
 			b.Weights[s.Name] = *s.Weight
 		}
-		if (s.Name == prefill.Name || s.Name == cacheroom.Name) && !slices.ContainsFunc(b.Plugins, func(q router.Plugin) bool { return q.Name() == prefix.Name }) {
+		if (s.Name == prefill.Name || s.Name == cacheroom.Name || s.Name == kvfit.Name) && !slices.ContainsFunc(b.Plugins, func(q router.Plugin) bool { return q.Name() == prefix.Name }) {
 			return nil, fmt.Errorf("plugins[%d] (%s): needs %s listed before it", i, s.Name, prefix.Name)
 		}
 		b.Plugins = append(b.Plugins, p)

@@ -72,6 +72,10 @@ type capacities struct {
 
 	dirty, running atomic.Bool
 	idle           sync.Cond // signalled when a run ends (for tests), under mu
+
+	// tpb is float64 bits of blockSize / bytesPerToken, kept beside bytesPerToken for the
+	// decision path, which must not take mu.
+	tpb atomic.Uint64
 }
 
 // learning is one endpoint's capacity as learned from the evidence.
@@ -101,6 +105,7 @@ func newCapacities(x *Index, p Params) *capacities {
 	}
 	c.defaultCap = c.blocksLocked(c.configuredTokens())
 	x.SetDefaultCapacity(c.defaultCap)
+	c.tpb.Store(math.Float64bits(float64(c.blockSize) / c.bytesPerToken))
 	return c
 }
 
@@ -133,6 +138,7 @@ func (c *capacities) observe(renderedBytes, promptTokens int) {
 	changed := math.Abs(bpt/c.bytesPerToken-1) >= calibStep
 	if changed {
 		c.bytesPerToken = bpt
+		c.tpb.Store(math.Float64bits(float64(c.blockSize) / bpt))
 	}
 	c.mu.Unlock()
 	if changed {
@@ -146,6 +152,9 @@ func (c *capacities) tokensPerIndexBlock() float64 {
 	defer c.mu.Unlock()
 	return float64(c.blockSize) / c.bytesPerToken
 }
+
+// tokensPerBlock is tokensPerIndexBlock without the lock, for the decision path.
+func (c *capacities) tokensPerBlock() float64 { return math.Float64frombits(c.tpb.Load()) }
 
 // tokensPerBlockMetric is the learned tokens per block for metrics (0 before any report).
 func (c *capacities) tokensPerBlockMetric() float64 {

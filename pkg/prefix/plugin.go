@@ -108,6 +108,7 @@ type state struct {
 	prefilled []int32  // the part of lens that pending records past their prefill hold, by slot
 	ages      []uint32 // index tail ages by endpoint slot, from the last Score
 	reuse     float64  // the pool's recent reuse rate when it was scored
+	tpb       float64  // server tokens per index block when it was scored
 	scored    bool
 	rendered  int  // prompt bytes rendered
 	truncated bool // the prompt was longer than maxBlocksPerRequest
@@ -224,6 +225,7 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 		scores[i] = float64(m) / total
 	}
 	st.reuse = pl.reuse.observe(float64(best) / total)
+	st.tpb = pl.caps.tokensPerBlock()
 }
 
 // zeroedSlots returns s resized to n per-slot counters, all zero, reusing its array when it can.
@@ -353,6 +355,10 @@ type Matches struct {
 	// cached block is to be asked for again: near 0 when traffic shares nothing, so that
 	// evicting costs nothing.
 	Reuse float64
+	// TokensPerBlock is the current estimate of the servers' tokens per index block (learned
+	// from their usage reports, else the assumed 4 bytes per token): Total × TokensPerBlock
+	// estimates the prompt's length in tokens.
+	TokensPerBlock float64
 }
 
 // Pending reports whether ep's match rests on a pending record: the prompt's prefix is being
@@ -386,5 +392,5 @@ func MatchesOf(req *router.Request) Matches {
 	if st == nil || !st.scored {
 		return Matches{}
 	}
-	return Matches{lens: st.lens, committed: st.committed, ages: st.ages, Total: len(st.hashes), Reuse: st.reuse}
+	return Matches{lens: st.lens, committed: st.committed, ages: st.ages, Total: len(st.hashes), Reuse: st.reuse, TokensPerBlock: st.tpb}
 }

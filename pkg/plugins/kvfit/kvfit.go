@@ -1,0 +1,72 @@
+// Package kvfit scores endpoints by whether what a request adds to their KV cache fits in its
+// free part now.
+//
+// A model server starts a waiting request's prefill only when its KV cache has free blocks for
+// it: vLLM V1 allocates a request's blocks as it schedules the prefill (blocks that hold cached
+// prefixes but no running request count as free, and are evicted on demand), and preempts
+// running requests when their decodes run out of blocks. The servers report the share of the
+// cache that running requests hold (vllm:kv_cache_usage_perc, sglang:token_usage) and the
+// cache's size (vllm:cache_config_info, sglang:max_total_num_tokens). On small caches one long
+// prompt takes much of a cache (an agent's 10,000-token context on a 12,000-token cache): sent
+// where the free room is smaller than what it adds, the request waits for running requests to
+// finish, which neither the prefill-queue estimate nor the in-flight count shows.
+//
+//	score = min(1, free / need)
+//	free  = (1 - usage) × capacity − (picks since the scrape) × need
+//	need  = (prompt blocks − blocks the endpoint holds) × tokens per block + decodeTokens
+//
+// Blocks the endpoint already holds are not counted: a prefix that running requests share (a
+// system prompt) is in the reported usage once and costs the next request nothing, and counting
+// it pushed requests away from the servers that hold their prefix (shared system prompts on
+// small caches: TTFT p90 1.37× on the tuning seeds, docs/benchmarks.md). A cached prefix that
+// no running request holds does take free blocks when reused; that is left out.
+// The picks made since the endpoint's last scrape are not in its reported usage; each is
+// assumed to need as much as this request (requests that arrive together tend to be alike).
+// An endpoint scores 1, no evidence of a shortage, when its metrics are stale or missing or
+// report no KV usage; when it reports its usage but not its cache's size, it scores 1 - usage
+// (the GIE endpoint picker's KV-utilisation score).
+package kvfit
+
+import (
+	"context"
+
+	"github.com/kvpick/kvpick/pkg/prefix"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// Name is the plugin's name in config files.
+const Name = "kv-fit-scorer"
+
+// decodeTokens is the room a request needs beyond its prompt to start decoding: vLLM allocates
+// decode blocks as tokens come, so this is 4 blocks of 16 tokens, not the whole answer.
+const decodeTokens = 64
+
+// Scorer is the KV-fit scorer. It has no state of its own; the prefix scorer, listed before
+// it, supplies the prompt's length, the blocks each endpoint holds and the tokens per block.
+type Scorer struct{}
+
+var _ router.Scorer = (*Scorer)(nil)
+
+// Name implements router.Plugin.
+func (*Scorer) Name() string { return Name }
+
+// Score implements router.Scorer.
+func (*Scorer) Score(_ context.Context, req *router.Request, eps []*router.Endpoint, scores []float64) {
+	m := prefix.MatchesOf(req)
+	for i, e := range eps {
+		scores[i] = 1
+		mt := e.FreshMetrics(req.Now)
+		if mt == nil || !mt.HasKVUsage {
+			continue
+		}
+		usage := min(max(mt.KVUsage, 0), 1)
+		c := float64(mt.CapacityTokens())
+		if c <= 0 {
+			scores[i] = 1 - usage
+			continue
+		}
+		need := float64(m.Total-m.Blocks(e))*m.TokensPerBlock + decodeTokens
+		free := (1-usage)*c - float64(max(0, e.Picks()-mt.PicksAtScrape))*need
+		scores[i] = min(1, max(0, free)/need)
+	}
+}

@@ -1,0 +1,137 @@
+package kvfit_test
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/internal/routertest"
+	"github.com/kvpick/kvpick/pkg/plugins/kvfit"
+	"github.com/kvpick/kvpick/pkg/plugins/maxscore"
+	"github.com/kvpick/kvpick/pkg/pool"
+	"github.com/kvpick/kvpick/pkg/prefix"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+func newPrefix(t *testing.T) *prefix.Plugin {
+	t.Helper()
+	px, err := prefix.New(prefix.Params{BlockSize: 64, MaxBlocksPerRequest: 10000, LRUCapacityPerEndpoint: 1000,
+		MinMatchBlocks: 1, PendingTTL: config.Duration(time.Minute)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return px
+}
+
+// prompt is a user message that renders to about blocks×64 bytes: with the assumed 4 bytes per
+// token, blocks×16 tokens.
+func prompt(blocks int) string { return strings.Repeat("x", blocks*64) }
+
+// metrics returns a fresh scrape reporting usage of a cache of capacity tokens (0: size not
+// reported) taken when the endpoint had made picks picks.
+func metrics(now time.Time, usage float64, capacity int, picks int64) *router.Metrics {
+	m := &router.Metrics{KVUsage: usage, HasKVUsage: true, PicksAtScrape: picks,
+		ScrapedAt: now, StaleAt: now.Add(time.Second)}
+	if capacity > 0 {
+		m.NumGPUBlocks, m.BlockSize = capacity/16, 16
+	}
+	return m
+}
+
+func TestScoreIsTheShareOfThePromptThatFitsInTheFreeRoom(t *testing.T) {
+	now := time.Now()
+	// The prompt: 100 blocks of 64 bytes = 1,600 tokens at 4 bytes per token (the chat
+	// rendering's few separator bytes make no further full block), plus 64 tokens of decode room.
+	const blocks = 100
+	need := float64(blocks)*16 + 64
+	tests := []struct {
+		name    string
+		metrics *router.Metrics // nil: never scraped
+		held    bool            // the endpoint holds the prompt (served it before)
+		want    float64
+	}{
+		{"never scraped: no evidence of a shortage", nil, false, 1},
+		{"stale scrape: no evidence", &router.Metrics{KVUsage: 1, HasKVUsage: true, NumGPUBlocks: 100, BlockSize: 16,
+			ScrapedAt: now.Add(-time.Hour), StaleAt: now.Add(-time.Minute)}, false, 1},
+		{"usage not reported: no evidence", &router.Metrics{Waiting: 3, HasQueue: true, NumGPUBlocks: 100, BlockSize: 16,
+			ScrapedAt: now, StaleAt: now.Add(time.Second)}, false, 1},
+		{"plenty of room", metrics(now, 0.5, 100_000, 0), false, 1},
+		{"room for exactly the prompt", metrics(now, 1-need/10_000, 10_000, 0), false, 1},
+		{"room for half of it", metrics(now, 1-need/2/10_000, 10_000, 0), false, 0.5},
+		{"full", metrics(now, 1, 10_000, 0), false, 0},
+		{"usage above 1 is read as full", metrics(now, 1.5, 10_000, 0), false, 0},
+		{"cache size not reported: 1 - usage", metrics(now, 0.3, 0, 0), false, 0.7},
+		{"the endpoint holds the prompt: only the decode room is needed", metrics(now, 1-64.0/10_000, 10_000, 0), true, 1},
+		{"the endpoint holds the prompt, no room to decode", metrics(now, 1-32.0/10_000, 10_000, 0), true, 0.5},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			px := newPrefix(t)
+			eps := routertest.Endpoints(0)
+			if tc.metrics != nil {
+				eps[0].SetMetrics(tc.metrics)
+			}
+			if tc.held {
+				served := routertest.Chat(t, prompt(blocks))
+				px.Prepare(context.Background(), served)
+				px.Score(context.Background(), served, eps, make([]float64, 1))
+				px.Picked(served, eps[0])
+				px.ResponseHeaders(served, eps[0], 200)
+				px.Done(served, eps[0])
+			}
+			req := routertest.Chat(t, prompt(blocks))
+			req.Now = now
+			px.Prepare(context.Background(), req)
+			px.Score(context.Background(), req, eps, make([]float64, 1))
+			if m := prefix.MatchesOf(req); m.Total != blocks || m.TokensPerBlock != 16 {
+				t.Fatalf("the prompt is %d blocks of %v tokens, the test assumes %d of 16", m.Total, m.TokensPerBlock, blocks)
+			}
+			s := []float64{-1}
+			(&kvfit.Scorer{}).Score(context.Background(), req, eps, s)
+			if math.Abs(s[0]-tc.want) > 1e-9 {
+				t.Fatalf("score %v, want %v", s[0], tc.want)
+			}
+		})
+	}
+}
+
+// TestPicksSinceTheScrapeTakeRoom: requests sent to an endpoint after its last scrape are not
+// in its reported usage; each counts as needing as much as the request being scored, so that a
+// burst does not pile onto the endpoint that had room at the scrape.
+func TestPicksSinceTheScrapeTakeRoom(t *testing.T) {
+	now := time.Now()
+	px := newPrefix(t)
+	p := pool.New()
+	p.Set([]string{"10.0.0.1:8000", "10.0.0.2:8000"})
+	pl, err := router.New(router.Config{Pool: p, Plugins: []router.Plugin{px, &kvfit.Scorer{}, &maxscore.Picker{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := p.Snapshot()
+	const blocks = 100
+	need := float64(blocks)*16 + 64
+	// Endpoint 0 has room for three such prompts at its scrape, endpoint 1 for one and a half.
+	eps[0].SetMetrics(metrics(now, 1-3*need/100_000, 100_000, 0))
+	eps[1].SetMetrics(metrics(now, 1-1.5*need/100_000, 100_000, 0))
+	var picked []string
+	for i := range 4 {
+		req := routertest.Chat(t, strings.Repeat(string(rune('a'+i)), blocks*64)) // nothing shared
+		req.Now = now
+		d, err := pl.Schedule(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		picked = append(picked, d.Endpoint.Addr)
+		defer pl.Done(req, d.Endpoint)
+	}
+	// Room in prompts after each pick: (3, 1.5) → (2, 1.5) → (1, 1.5) → (1, 0.5) → ...
+	want := []string{"10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.2:8000"}
+	for i := range want {
+		if picked[i] != want[i] {
+			t.Fatalf("picks %v, want %v: each pick since the scrape takes a prompt's room", picked, want)
+		}
+	}
+}
