@@ -18,11 +18,11 @@ func TestBuildDefaultPlugins(t *testing.T) {
 	for _, p := range b.Plugins {
 		names = append(names, p.Name())
 	}
-	want := "subset-filter,health-filter,saturation-filter,load-guard,prefix-scorer,prefill-scorer,cache-room-scorer,inflight-scorer,max-score-picker"
+	want := "subset-filter,health-filter,saturation-filter,load-guard,prefix-scorer,prefill-scorer,cache-room-scorer,inflight-scorer,kv-fit-scorer,max-score-picker"
 	if strings.Join(names, ",") != want {
 		t.Fatalf("plugins %v", names)
 	}
-	if b.Weights["prefix-scorer"] != 1 || b.Weights["prefill-scorer"] != 4 || b.Weights["cache-room-scorer"] != 2 || b.Weights["inflight-scorer"] != 1 {
+	if b.Weights["prefix-scorer"] != 1 || b.Weights["prefill-scorer"] != 4 || b.Weights["cache-room-scorer"] != 2 || b.Weights["inflight-scorer"] != 1 || b.Weights["kv-fit-scorer"] != 4 {
 		t.Fatalf("weights %v", b.Weights)
 	}
 }

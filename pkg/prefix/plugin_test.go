@@ -229,7 +229,8 @@ func TestParamsValidateNamesTheField(t *testing.T) {
 
 // TestUsageReportsRescaleCapacity: lruCapacityPerEndpoint counts blocks of 16 tokens; the
 // plugin learns how many tokens its 64-byte blocks are from the servers' prompt_tokens and
-// holds as many of its own blocks as cover the same tokens.
+// holds as many of its own blocks as cover the same tokens; the scorers after it read the same
+// estimate (Matches.TokensPerBlock).
 func TestUsageReportsRescaleCapacity(t *testing.T) {
 	tests := []struct {
 		name          string
@@ -272,6 +273,15 @@ func TestUsageReportsRescaleCapacity(t *testing.T) {
 			if got := pl.Index().Capacity(); got < tc.want*99/100 || got > tc.want*101/100 {
 				t.Errorf("capacity %d, want %d (±1%%)", got, tc.want)
 			}
+			// The scorers after it read the same estimate: tokens per 64-byte block.
+			req := chatRequest(t, longSystem, "one more")
+			pl.Prepare(context.Background(), req)
+			scores(pl, req, eps)
+			wantTPB := 16 * 10000 / float64(tc.want)
+			if got := MatchesOf(req).TokensPerBlock; got < wantTPB*0.99 || got > wantTPB*1.01 {
+				t.Errorf("Matches.TokensPerBlock %v, want %v (±1%%)", got, wantTPB)
+			}
+			pl.Done(req, eps[0])
 		})
 	}
 }

@@ -63,7 +63,7 @@ func TestScoreIsTheShareOfThePromptThatFitsInTheFreeRoom(t *testing.T) {
 		{"room for half of it", metrics(now, 1-need/2/10_000, 10_000, 0), false, 0.5},
 		{"full", metrics(now, 1, 10_000, 0), false, 0},
 		{"usage above 1 is read as full", metrics(now, 1.5, 10_000, 0), false, 0},
-		{"cache size not reported: 1 - usage", metrics(now, 0.3, 0, 0), false, 0.7},
+		{"cache size not reported: no evidence", metrics(now, 0.9, 0, 0), false, 1},
 		{"the endpoint holds the prompt: only the decode room is needed", metrics(now, 1-64.0/10_000, 10_000, 0), true, 1},
 		{"the endpoint holds the prompt, no room to decode", metrics(now, 1-32.0/10_000, 10_000, 0), true, 0.5},
 	}
