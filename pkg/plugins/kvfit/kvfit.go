@@ -30,6 +30,7 @@ package kvfit
 
 import (
 	"context"
+	"math"
 
 	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
@@ -61,7 +62,7 @@ func (*Scorer) Score(_ context.Context, req *router.Request, eps []*router.Endpo
 			continue
 		}
 		c := float64(mt.CapacityTokens())
-		if c <= 0 {
+		if c <= 0 || math.IsNaN(mt.KVUsage) {
 			continue
 		}
 		usage := min(max(mt.KVUsage, 0), 1)

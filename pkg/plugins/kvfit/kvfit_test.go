@@ -64,6 +64,7 @@ func TestScoreIsTheShareOfThePromptThatFitsInTheFreeRoom(t *testing.T) {
 		{"full", metrics(now, 1, 10_000, 0), false, 0},
 		{"usage above 1 is read as full", metrics(now, 1.5, 10_000, 0), false, 0},
 		{"cache size not reported: no evidence", metrics(now, 0.9, 0, 0), false, 1},
+		{"usage NaN: no evidence", metrics(now, math.NaN(), 10_000, 0), false, 1},
 		{"the endpoint holds the prompt: only the decode room is needed", metrics(now, 1-64.0/10_000, 10_000, 0), true, 1},
 		{"the endpoint holds the prompt, no room to decode", metrics(now, 1-32.0/10_000, 10_000, 0), true, 0.5},
 	}
