@@ -136,3 +136,29 @@ func TestPicksSinceTheScrapeTakeRoom(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkScore64 is the scorer's share of a decision at 64 endpoints, each with a fresh scrape
+// (the decision benchmark's endpoints are not scraped and take the neutral path).
+func BenchmarkScore64(b *testing.B) {
+	now := time.Now()
+	px, err := prefix.New(prefix.Params{BlockSize: 64, MaxBlocksPerRequest: 10000, LRUCapacityPerEndpoint: 1000,
+		MinMatchBlocks: 1, PendingTTL: config.Duration(time.Minute)}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	loads := make([]int64, 64)
+	eps := routertest.Endpoints(loads...)
+	for i, e := range eps {
+		e.SetMetrics(metrics(now, float64(i)/64, 200_000, 0))
+	}
+	req := routertest.Chat(b, prompt(1000))
+	req.Now = now
+	px.Prepare(context.Background(), req)
+	px.Score(context.Background(), req, eps, make([]float64, len(eps)))
+	s := make([]float64, len(eps))
+	var sc kvfit.Scorer
+	b.ReportAllocs()
+	for b.Loop() {
+		sc.Score(context.Background(), req, eps, s)
+	}
+}
