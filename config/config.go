@@ -129,6 +129,24 @@ func Load(path string) (*Config, error) {
 // Parse reads configuration text on top of the defaults.
 func Parse(b []byte) (*Config, error) { return parse(b, Default()) }
 
+// LoadOn reads a configuration file on top of base instead of the compiled-in defaults (a tool
+// that runs a picker binary built from another commit layers the user's file on that binary's
+// own defaults); path "" returns base.
+func LoadOn(path string, base *Config) (*Config, error) {
+	if path == "" {
+		return base, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	c, err := parse(b, base)
+	if err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return c, nil
+}
+
 func parse(b []byte, base *Config) (*Config, error) {
 	// The reference picker's format (kind: EndpointPickerConfig), translated: endpointpicker.go.
 	if base != nil && isEndpointPickerConfig(b) {

@@ -294,6 +294,7 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	var pickerBin, tmp string
+	var pickerDefaults []byte // the binary's own config/default.yaml
 	if wantsPicker {
 		var err error
 		if tmp, err = os.MkdirTemp("", "kvpick-replay-"); err != nil {
@@ -310,6 +311,9 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 				if pickerBin, err = BuildPicker(ctx, tmp); err != nil {
 					return nil, err
 				}
+			}
+			if pickerDefaults, err = PickerDefaults(ctx, pickerBin); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -344,7 +348,7 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 					}
 				}
 				for _, pol := range o.policies(sc) {
-					s, err := o.runOne(ctx, rep, sc, seed, w, pol, ecfg, pickerBin, tmp)
+					s, err := o.runOne(ctx, rep, sc, seed, w, pol, ecfg, pickerBin, pickerDefaults, tmp)
 					if err != nil {
 						return nil, fmt.Errorf("%s / %s / seed %d / %s: %w", sc.Name, w.Name, seed, pol, err)
 					}
@@ -471,7 +475,7 @@ func ParseKVBlocks(spec string, n int) ([]int, error) {
 }
 
 func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uint64, w *Workload, pol string,
-	ecfg engine.Config, bin, tmp string) (s *Summary, err error) {
+	ecfg engine.Config, bin string, binDefaults []byte, tmp string) (s *Summary, err error) {
 	blocks, err := ParseKVBlocks(sc.KVBlocks, o.Engines)
 	if err != nil {
 		return nil, err
@@ -496,8 +500,8 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 			if sc.CapacityFactor > 0 {
 				capacity = int(math.Round(sc.CapacityFactor * meanBlocks(blocks, ecfg)))
 			}
-			setup, err := PickerConfig(PickerOptions{File: o.PickerConfig, Endpoints: eps.Addrs(), Clock: o.Clock,
-				TimeScale: o.TimeScale, VirtualRefresh: o.VirtualRefresh, CapacityBlocks: capacity})
+			setup, err := PickerConfig(PickerOptions{File: o.PickerConfig, Defaults: binDefaults, Endpoints: eps.Addrs(),
+				Clock: o.Clock, TimeScale: o.TimeScale, VirtualRefresh: o.VirtualRefresh, CapacityBlocks: capacity})
 			if err != nil {
 				return nil, err
 			}

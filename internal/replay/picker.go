@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"time"
@@ -32,10 +33,23 @@ func BuildPicker(ctx context.Context, dir string, flags ...string) (string, erro
 	return bin, nil
 }
 
+// PickerDefaults returns the picker binary's built-in configuration (--print-default-config).
+func PickerDefaults(ctx context.Context, bin string) ([]byte, error) {
+	out, err := exec.CommandContext(ctx, bin, "--print-default-config").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --print-default-config: %w", bin, err)
+	}
+	return out, nil
+}
+
 // PickerOptions are what the replay must set in the configuration of a picker it starts.
 type PickerOptions struct {
-	// File is the user's configuration file ("": the compiled-in defaults).
+	// File is the user's configuration file ("": the defaults).
 	File string
+	// Defaults is the picker binary's built-in configuration (its --print-default-config), on
+	// which File is layered; nil: the replay's own compiled-in defaults. A binary built from
+	// another commit than the replay has its own defaults, and runs with them.
+	Defaults []byte
 	// Endpoints are the simulated engines' addresses.
 	Endpoints []string
 	// Clock and TimeScale: on the real clock the picker's durations that mean simulated time
@@ -85,7 +99,14 @@ const virtualStaleness = time.Hour
 // PickerConfig returns the configuration a picker in front of the simulated engines runs with:
 // the user's file (or the defaults), with the replay's settings (PickerOptions).
 func PickerConfig(o PickerOptions) (*PickerSetup, error) {
-	cfg, err := config.Load(o.File)
+	base := config.Default()
+	if o.Defaults != nil {
+		var err error
+		if base, err = config.Parse(o.Defaults); err != nil {
+			return nil, fmt.Errorf("the picker binary's default configuration (a binary newer than this replay? rebuild the replay): %w", err)
+		}
+	}
+	cfg, err := config.LoadOn(o.File, base)
 	if err != nil {
 		return nil, err
 	}

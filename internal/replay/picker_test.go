@@ -464,3 +464,59 @@ func TestRealClockPickerScrapesLiveMetrics(t *testing.T) {
 		t.Fatal("a real-clock run waited for scrapes")
 	}
 }
+
+// TestPickerConfigStartsFromThePickerBinarysDefaults: a picker binary built from another commit
+// than the replay runs with its own defaults (its --print-default-config), the user's file and
+// the replay's settings layered on them; defaults this replay cannot read are an error, not a
+// silent fallback to the replay's own.
+func TestPickerConfigStartsFromThePickerBinarysDefaults(t *testing.T) {
+	const from, to = "  - name: inflight-scorer\n    weight: 1\n", "  - name: inflight-scorer\n    weight: 3\n"
+	def := string(config.DefaultYAML())
+	if !strings.Contains(def, from) {
+		t.Fatalf("config/default.yaml no longer lists %q: update the test", from)
+	}
+	binDefaults := []byte(strings.Replace(def, from, to, 1))
+	weight := func(c *config.Config, name string) float64 {
+		for _, p := range c.Plugins {
+			if p.Name == name && p.Weight != nil {
+				return *p.Weight
+			}
+		}
+		return -1
+	}
+	own := filepath.Join(t.TempDir(), "picker.yaml")
+	if err := os.WriteFile(own, []byte("extProc:\n  fallbacks: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		file          string
+		defaults      []byte
+		wantWeight    float64
+		wantFallbacks int
+	}{
+		{"the replay's own defaults when the binary's are not known", "", nil, 1, 0},
+		{"the binary's defaults", "", binDefaults, 3, 0},
+		{"the user's file on top of the binary's defaults", own, binDefaults, 3, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := PickerConfig(PickerOptions{File: tc.file, Defaults: tc.defaults, Endpoints: []string{"127.0.0.1:1"}, Clock: ClockVirtual})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := weight(st.Config, "inflight-scorer"); w != tc.wantWeight {
+				t.Fatalf("inflight-scorer weight %v, want %v", w, tc.wantWeight)
+			}
+			if f := st.Config.ExtProc.Fallbacks; f != tc.wantFallbacks {
+				t.Fatalf("fallbacks %d, want %d", f, tc.wantFallbacks)
+			}
+			if got := st.Config.Pool.Endpoints; len(got) != 1 || got[0] != "127.0.0.1:1" {
+				t.Fatalf("endpoints %v: the replay's settings apply on any defaults", got)
+			}
+		})
+	}
+	_, err := PickerConfig(PickerOptions{Defaults: []byte("fromTheFuture: true\n"), Endpoints: []string{"127.0.0.1:1"}, Clock: ClockVirtual})
+	if err == nil || !strings.Contains(err.Error(), "the picker binary's default configuration") {
+		t.Fatalf("unreadable binary defaults: err %v", err)
+	}
+}
