@@ -67,8 +67,8 @@ schedulingProfiles:
   - pluginRef: prefix-cache-scorer
     weight: 3
 `,
-			scorers: []string{"prefix-scorer", "cache-room-scorer", "inflight-scorer"},
-			weights: map[string]float64{"prefix-scorer": 3, "cache-room-scorer": 2, "inflight-scorer": 2},
+			scorers: []string{"prefix-scorer", "cache-room-scorer", "inflight-scorer", "kv-fit-scorer"},
+			weights: map[string]float64{"prefix-scorer": 3, "cache-room-scorer": 2, "inflight-scorer": 2, "kv-fit-scorer": 2},
 			params:  map[string]map[string]any{},
 		},
 		{
@@ -149,9 +149,9 @@ plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 `,
-			// cache-room reads prefix-scorer's index: it comes along with weight 0.
-			scorers: []string{"prefix-scorer", "cache-room-scorer", "inflight-scorer"},
-			weights: map[string]float64{"prefix-scorer": 0, "cache-room-scorer": 1, "inflight-scorer": 2},
+			// cache-room and kv-fit read prefix-scorer's index: it comes along with weight 0.
+			scorers: []string{"prefix-scorer", "cache-room-scorer", "inflight-scorer", "kv-fit-scorer"},
+			weights: map[string]float64{"prefix-scorer": 0, "cache-room-scorer": 1, "inflight-scorer": 2, "kv-fit-scorer": 1},
 			params:  map[string]map[string]any{},
 		},
 		{
