@@ -92,8 +92,8 @@ func init() {
 		// queue-scorer prefers short waiting queues; kvpick's inflight-scorer prefers low load, the
 		// larger of the requests it has in flight on a server and the server's scraped running +
 		// waiting count.
-		"queue-scorer":                 scorerOnly("inflight-scorer"),
-		"running-requests-size-scorer": scorerOnly("inflight-scorer"),
+		"queue-scorer":                 scorersOnly("inflight-scorer"),
+		"running-requests-size-scorer": scorersOnly("inflight-scorer"),
 		// kv-cache-utilization-scorer prefers servers whose KV cache is least used; kvpick reads
 		// the same metric in kv-fit-scorer (does what the prompt adds fit in the free part?) and
 		// adds cache-room-scorer (servers where the prompt evicts nothing or only stale blocks),
@@ -387,8 +387,6 @@ func eppInt(p *eppPlugin, key string, v *yaml.Node, dst *int) error {
 	}
 	return nil
 }
-
-func scorerOnly(kvpick string) eppTranslator { return scorersOnly(kvpick) }
 
 // scorersOnly translates a parameterless scorer into kvpick scorers, each with its weight.
 func scorersOnly(kvpick ...string) eppTranslator {

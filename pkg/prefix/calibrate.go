@@ -146,14 +146,8 @@ func (c *capacities) observe(renderedBytes, promptTokens int) {
 	}
 }
 
-// tokensPerIndexBlock is the current estimate of server tokens per index block.
-func (c *capacities) tokensPerIndexBlock() float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return float64(c.blockSize) / c.bytesPerToken
-}
-
-// tokensPerBlock is tokensPerIndexBlock without the lock, for the decision path.
+// tokensPerBlock is the current estimate of server tokens per index block; it takes no lock,
+// so the decision path may read it.
 func (c *capacities) tokensPerBlock() float64 { return math.Float64frombits(c.tpb.Load()) }
 
 // tokensPerBlockMetric is the learned tokens per block for metrics (0 before any report).

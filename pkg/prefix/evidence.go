@@ -55,7 +55,7 @@ func (pl *Plugin) evidence(st *state, served *router.Endpoint, u openai.Usage) {
 	if !u.HasCached || served == nil || served != st.picked || served.Removed() {
 		return
 	}
-	tpb := pl.caps.tokensPerIndexBlock()
+	tpb := pl.caps.tokensPerBlock()
 	if pl.metrics != nil {
 		pl.metrics.observeEvidence(served, float64(st.predicted)*tpb, float64(u.CachedTokens))
 	}
