@@ -111,20 +111,7 @@ func DefaultParameters(name string) json.RawMessage {
 }
 
 // Load reads a configuration file on top of the defaults; path "" means the defaults alone.
-func Load(path string) (*Config, error) {
-	if path == "" {
-		return Default(), nil
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("config file: %w", err)
-	}
-	c, err := parse(b, Default())
-	if err != nil {
-		return nil, fmt.Errorf("config file %s: %w", path, err)
-	}
-	return c, nil
-}
+func Load(path string) (*Config, error) { return LoadOn(path, Default()) }
 
 // Parse reads configuration text on top of the defaults.
 func Parse(b []byte) (*Config, error) { return parse(b, Default()) }
