@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
 )
 
 // Seed is the hash chain's starting value: xxhash(model ‖ 0x00 ‖ cacheSalt). Different models,
@@ -16,14 +17,16 @@ func Seed(model, cacheSalt string) uint64 {
 }
 
 // Hasher turns the canonical rendering of a prompt into chained block hashes:
-// h_i = fmix64(h_{i-1}·φ ⊕ xxhash64(block_i)), h_{-1} = Seed, where fmix64 is MurmurHash3's
+// h_i = fmix64(h_{i-1}·φ ⊕ xxh3(block_i)), h_{-1} = Seed, where fmix64 is MurmurHash3's
 // 64-bit finalizer. Because every hash depends on all blocks before it, one hash identifies a
-// whole prefix. Hashing each block with the one-shot xxhash64 and chaining with a few
-// multiplies is twice as fast as re-seeding a streaming xxhash digest per block (12 µs against
-// 27 µs for 64 KB on this project's 2-core machine), and the block hashes do not depend on each
-// other, so the CPU overlaps them. Only full blocks are hashed, as only full
-// blocks are cached by vLLM. It implements openai.Sink; written bytes are consumed without being
-// copied, except the few bytes of a block that straddles two writes.
+// whole prefix. Each block is hashed on its own with XXH3 (xxHash's 64-bit successor: a 64-byte
+// block takes four 64×64→128-bit multiplies where xxhash64 takes ~30, so 64 KB hash in ~10 µs
+// against ~17 µs with xxhash64 here; docs/benchmarks.md "Decision path") and chained with a
+// few multiplies; the block hashes do not depend on each other, so the CPU overlaps them. Only
+// full blocks are hashed, as only full blocks are cached by vLLM. It implements openai.Sink;
+// written bytes are consumed without being copied, except the few bytes of a block that
+// straddles two writes. The hashes live only in this process (replicas do not exchange them),
+// so the function can change between releases.
 type Hasher struct {
 	blockSize int
 	maxBlocks int
@@ -79,7 +82,7 @@ func (h *Hasher) Write(p []byte) {
 }
 
 func (h *Hasher) block(b []byte) {
-	h.prev = fmix64(h.prev*0x9e3779b97f4a7c15 ^ xxhash.Sum64(b))
+	h.prev = fmix64(h.prev*0x9e3779b97f4a7c15 ^ xxh3.Hash(b))
 	if h.prev == 0 {
 		h.prev = 1 // 0 marks an empty slot in the index's tables
 	}
