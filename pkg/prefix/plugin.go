@@ -1,7 +1,9 @@
 // Package prefix is the prefix-cache-aware scorer: chained block hashes of the prompt's
 // canonical rendering, a per-endpoint LRU index of the blocks each endpoint has served
 // (committed on the response path, only for 2xx responses), short-lived pending records that
-// bridge the gap between pick and response, and the scorer that turns them into affinity.
+// bridge the gap between pick and response, running records of the prompts each endpoint is
+// serving until their streams end (for the KV-room scorer), and the scorer that turns them into
+// affinity.
 package prefix
 
 import (
@@ -77,6 +79,10 @@ type Plugin struct {
 	p       Params
 	index   *Index
 	pending *pendingSet
+	// running holds, from pick to stream end, the prompts of the requests each endpoint is
+	// serving: the blocks they reference are the part of a new prompt that takes no free KV
+	// room there (Matches.RunningBlocks).
+	running *pendingSet
 	now     func() time.Time
 	states  sync.Pool
 	metrics *pluginMetrics
@@ -100,6 +106,7 @@ var stateKey = router.NewStateKey(Name)
 
 // state is one request's prefix data, pooled.
 type state struct {
+	owner     *Plugin
 	hasher    *Hasher
 	hashes    []uint64
 	lens      []int32  // matched blocks by endpoint slot, from the last Score
@@ -113,8 +120,11 @@ type state struct {
 	rendered  int  // prompt bytes rendered
 	truncated bool // the prompt was longer than maxBlocksPerRequest
 	pending   pendingRecord
-	resolved  bool // committed or dropped
-	streamed  bool // the client asked for a stream: commit at the first byte
+	running   pendingRecord
+	runLens   []int32 // leading blocks requests running there share, by slot (lazily, per Score)
+	runDone   bool    // runLens is computed for the last Score
+	resolved  bool    // committed or dropped
+	streamed  bool    // the client asked for a stream: commit at the first byte
 	served    *router.Endpoint
 	// What was predicted for the picked endpoint, for the server's evidence (evidence.go).
 	picked      *router.Endpoint
@@ -132,6 +142,7 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 		p:       p,
 		index:   NewIndex(p.LRUCapacityPerEndpoint),
 		pending: newPendingSet(p.PendingTTL.D()),
+		running: newPendingSet(runningTTL),
 		now:     time.Now,
 	}
 	pl.caps = newCapacities(pl.index, p)
@@ -155,7 +166,7 @@ func (pl *Plugin) Prepare(_ context.Context, req *router.Request) {
 	}
 	st, _ := pl.states.Get().(*state)
 	if st == nil {
-		st = &state{hasher: NewHasher(pl.p.BlockSize, pl.p.MaxBlocksPerRequest)}
+		st = &state{owner: pl, hasher: NewHasher(pl.p.BlockSize, pl.p.MaxBlocksPerRequest)}
 	}
 	st.hasher.Reset(Seed(req.Body.Model, req.Body.CacheSalt), st.hashes)
 	req.Body.Render(st.hasher)
@@ -198,7 +209,7 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	st.prefilled = zeroedSlots(st.prefilled, maxSlot+1)
 	minMatch := max(pl.p.MinMatchBlocks, 1)
 	pl.pending.match(st.hashes, pl.now(), st.lens, st.pendings, st.prefilled, minMatch)
-	st.scored = true
+	st.scored, st.runDone = true, false
 	total := float64(len(st.hashes))
 	// A pending match draws followers to a prefill in progress only while it is the only one:
 	// one follower sharing it saves a copy of the prefix elsewhere, but a prefix that several
@@ -253,8 +264,11 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 		}
 		pl.metrics.observe(hit, len(st.hashes))
 	}
+	now := pl.now()
 	st.pending = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
-	pl.pending.add(&st.pending, pl.now())
+	pl.pending.add(&st.pending, now)
+	st.running = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
+	pl.running.add(&st.running, now)
 	pl.recordPrediction(st, ep)
 }
 
@@ -320,8 +334,9 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 		pl.resolve(st, st.served, true)
 	}
 	pl.pending.remove(&st.pending)
+	pl.running.remove(&st.running)
 	req.Set(stateKey, nil)
-	st.pending = pendingRecord{}
+	st.pending, st.running = pendingRecord{}, pendingRecord{}
 	st.picked, st.served = nil, nil
 	pl.states.Put(st)
 }
@@ -343,9 +358,17 @@ func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
 // PendingCount is the number of live pending records (for tests and metrics).
 func (pl *Plugin) PendingCount() int { return pl.pending.len() }
 
+// RunningCount is the number of live running records (for tests).
+func (pl *Plugin) RunningCount() int { return pl.running.len() }
+
+// runningTTL bounds how long a running record can outlive a request whose end the picker never
+// saw; every stream's end (Done) removes its record long before.
+const runningTTL = time.Hour
+
 // Matches is what the prefix scorer found for one request: how many leading blocks of its prompt
 // each endpoint likely holds (index and pending records, before the minMatchBlocks cut).
 type Matches struct {
+	st        *state
 	lens      []int32
 	committed []int32
 	ages      []uint32
@@ -377,6 +400,26 @@ func (m Matches) TailAge(ep *router.Endpoint) uint32 {
 	return NotFull
 }
 
+// RunningBlocks returns the number of leading prompt blocks that requests running on ep (picked
+// and not yet ended) share with this one. vLLM counts a cached block that no running request
+// references as free: a prompt takes free room for every block beyond this count, even those
+// the endpoint still caches. Computed once per Score, on the first call.
+func (m Matches) RunningBlocks(ep *router.Endpoint) int {
+	st := m.st
+	if st == nil || st.owner == nil {
+		return 0
+	}
+	if !st.runDone {
+		st.runLens = zeroedSlots(st.runLens, len(st.lens))
+		st.owner.running.match(st.hashes, st.owner.now(), st.runLens, nil, nil, 0)
+		st.runDone = true
+	}
+	if ep.Slot < len(st.runLens) {
+		return int(st.runLens[ep.Slot])
+	}
+	return 0
+}
+
 // Blocks returns the number of leading prompt blocks ep likely holds.
 func (m Matches) Blocks(ep *router.Endpoint) int {
 	if ep.Slot < len(m.lens) {
@@ -392,5 +435,5 @@ func MatchesOf(req *router.Request) Matches {
 	if st == nil || !st.scored {
 		return Matches{}
 	}
-	return Matches{lens: st.lens, committed: st.committed, ages: st.ages, Total: len(st.hashes), Reuse: st.reuse, TokensPerBlock: st.tpb}
+	return Matches{st: st, lens: st.lens, committed: st.committed, ages: st.ages, Total: len(st.hashes), Reuse: st.reuse, TokensPerBlock: st.tpb}
 }

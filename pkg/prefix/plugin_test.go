@@ -447,3 +447,73 @@ func TestRequestsPastTheirPrefillDoNotMakeAPrefixLookHot(t *testing.T) {
 		pl.Done(r, eps[0])
 	}
 }
+
+// TestRunningBlocksCountOnlyRequestsStillRunning: a prompt's blocks that requests running on an
+// endpoint reference take no free KV room there; a prefix the endpoint caches but no running
+// request uses does (vLLM counts such blocks as free), so it is not counted.
+func TestRunningBlocksCountOnlyRequestsStillRunning(t *testing.T) {
+	tests := []struct {
+		name string
+		// what the earlier request did: "running" (picked, its stream not ended), "streaming"
+		// (first byte out: committed to the index, still running), "ended" (answered and done)
+		earlier     string
+		earlierOn   int
+		wantRunning [2]bool // RunningBlocks covers the shared system prompt on endpoint 0, 1
+		wantHeld    [2]bool // Blocks (index and pending) covers it
+	}{
+		{"a request still prefilling is running", "running", 0, [2]bool{true, false}, [2]bool{true, false}},
+		{"a request streaming its answer is running", "streaming", 1, [2]bool{false, true}, [2]bool{false, true}},
+		{"an ended request is cached but not running", "ended", 0, [2]bool{false, false}, [2]bool{true, false}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pl, eps := testPlugin(t), twoEndpoints()
+			ctx := context.Background()
+			first := chatRequest(t, longSystem, "first question")
+			first.Body.Stream = true
+			pl.Prepare(ctx, first)
+			scores(pl, first, eps)
+			pl.Picked(first, eps[tc.earlierOn])
+			switch tc.earlier {
+			case "streaming":
+				pl.ResponseHeaders(first, eps[tc.earlierOn], 200)
+				pl.FirstByte(first, eps[tc.earlierOn])
+			case "ended":
+				pl.ResponseHeaders(first, eps[tc.earlierOn], 200)
+				pl.FirstByte(first, eps[tc.earlierOn])
+				pl.Done(first, eps[tc.earlierOn])
+			}
+			next := chatRequest(t, longSystem, "another question")
+			pl.Prepare(ctx, next)
+			scores(pl, next, eps)
+			m := MatchesOf(next)
+			system := len(longSystem) / 64 // full blocks of the system prompt alone, at least
+			for i, e := range eps {
+				if got := m.RunningBlocks(e) >= system; got != tc.wantRunning[i] {
+					t.Errorf("endpoint %d: RunningBlocks %d of %d, want the system prompt's %d covered = %v",
+						i, m.RunningBlocks(e), m.Total, system, tc.wantRunning[i])
+				}
+				if got := m.Blocks(e) >= system; got != tc.wantHeld[i] {
+					t.Errorf("endpoint %d: Blocks %d, want the system prompt covered = %v", i, m.Blocks(e), tc.wantHeld[i])
+				}
+				if m.RunningBlocks(e) >= m.Total {
+					t.Errorf("endpoint %d: the new question's blocks counted as running (%d of %d)", i, m.RunningBlocks(e), m.Total)
+				}
+			}
+			if tc.earlier != "ended" {
+				pl.Done(first, eps[tc.earlierOn])
+			}
+			if n := pl.RunningCount(); n != 0 {
+				t.Fatalf("%d running records left after every stream ended", n)
+			}
+			// Scored again after the end, nothing runs anywhere.
+			scores(pl, next, eps)
+			m = MatchesOf(next)
+			for i, e := range eps {
+				if m.RunningBlocks(e) != 0 {
+					t.Errorf("endpoint %d: %d running blocks after every stream ended", i, m.RunningBlocks(e))
+				}
+			}
+		})
+	}
+}

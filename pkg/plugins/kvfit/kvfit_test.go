@@ -50,23 +50,26 @@ func TestScoreIsTheShareOfThePromptThatFitsInTheFreeRoom(t *testing.T) {
 	tests := []struct {
 		name    string
 		metrics *router.Metrics // nil: never scraped
-		held    bool            // the endpoint holds the prompt (served it before)
+		held    string          // "running": a request running there shares the prompt; "cached": one that ended did
 		want    float64
 	}{
-		{"never scraped: no evidence of a shortage", nil, false, 1},
+		{"never scraped: no evidence of a shortage", nil, "", 1},
 		{"stale scrape: no evidence", &router.Metrics{KVUsage: 1, HasKVUsage: true, NumGPUBlocks: 100, BlockSize: 16,
-			ScrapedAt: now.Add(-time.Hour), StaleAt: now.Add(-time.Minute)}, false, 1},
+			ScrapedAt: now.Add(-time.Hour), StaleAt: now.Add(-time.Minute)}, "", 1},
 		{"usage not reported: no evidence", &router.Metrics{Waiting: 3, HasQueue: true, NumGPUBlocks: 100, BlockSize: 16,
-			ScrapedAt: now, StaleAt: now.Add(time.Second)}, false, 1},
-		{"plenty of room", metrics(now, 0.5, 100_000, 0), false, 1},
-		{"room for exactly the prompt", metrics(now, 1-need/10_000, 10_000, 0), false, 1},
-		{"room for half of it", metrics(now, 1-need/2/10_000, 10_000, 0), false, 0.5},
-		{"full", metrics(now, 1, 10_000, 0), false, 0},
-		{"usage above 1 is read as full", metrics(now, 1.5, 10_000, 0), false, 0},
-		{"cache size not reported: no evidence", metrics(now, 0.9, 0, 0), false, 1},
-		{"usage NaN: no evidence", metrics(now, math.NaN(), 10_000, 0), false, 1},
-		{"the endpoint holds the prompt: only the decode room is needed", metrics(now, 1-64.0/10_000, 10_000, 0), true, 1},
-		{"the endpoint holds the prompt, no room to decode", metrics(now, 1-32.0/10_000, 10_000, 0), true, 0.5},
+			ScrapedAt: now, StaleAt: now.Add(time.Second)}, "", 1},
+		{"plenty of room", metrics(now, 0.5, 100_000, 0), "", 1},
+		{"room for exactly the prompt", metrics(now, 1-need/10_000, 10_000, 0), "", 1},
+		{"room for half of it", metrics(now, 1-need/2/10_000, 10_000, 0), "", 0.5},
+		{"full", metrics(now, 1, 10_000, 0), "", 0},
+		{"usage above 1 is read as full", metrics(now, 1.5, 10_000, 0), "", 0},
+		{"cache size not reported: no evidence", metrics(now, 0.9, 0, 0), "", 1},
+		{"usage NaN: no evidence", metrics(now, math.NaN(), 10_000, 0), "", 1},
+		{"a request running there shares the prompt: only the decode room is needed", metrics(now, 1-64.0/10_000, 10_000, 0), "running", 1},
+		{"a request running there shares the prompt, no room to decode", metrics(now, 1-32.0/10_000, 10_000, 0), "running", 0.5},
+		// vLLM counts cached blocks that no running request references as free: reusing them
+		// takes them out of the free room, so the whole prompt is needed.
+		{"the endpoint caches the prompt, nothing running references it", metrics(now, 1-need/2/10_000, 10_000, 0), "cached", 0.5},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,13 +78,17 @@ func TestScoreIsTheShareOfThePromptThatFitsInTheFreeRoom(t *testing.T) {
 			if tc.metrics != nil {
 				eps[0].SetMetrics(tc.metrics)
 			}
-			if tc.held {
+			if tc.held != "" {
 				served := routertest.Chat(t, prompt(blocks))
 				px.Prepare(context.Background(), served)
 				px.Score(context.Background(), served, eps, make([]float64, 1))
 				px.Picked(served, eps[0])
 				px.ResponseHeaders(served, eps[0], 200)
-				px.Done(served, eps[0])
+				if tc.held == "running" {
+					defer px.Done(served, eps[0])
+				} else {
+					px.Done(served, eps[0])
+				}
 			}
 			req := routertest.Chat(t, prompt(blocks))
 			req.Now = now
@@ -114,9 +121,10 @@ func TestPicksSinceTheScrapeTakeRoom(t *testing.T) {
 	eps := p.Snapshot()
 	const blocks = 100
 	need := float64(blocks)*16 + 64
-	// Endpoint 0 has room for three such prompts at its scrape, endpoint 1 for one and a half.
-	eps[0].SetMetrics(metrics(now, 1-3*need/100_000, 100_000, 0))
-	eps[1].SetMetrics(metrics(now, 1-1.5*need/100_000, 100_000, 0))
+	// Endpoint 0 has room for two and a half such prompts at its scrape, endpoint 1 for 0.9 of
+	// one: no two scores tie, so the picks do not depend on the tie-break's hash.
+	eps[0].SetMetrics(metrics(now, 1-2.5*need/100_000, 100_000, 0))
+	eps[1].SetMetrics(metrics(now, 1-0.9*need/100_000, 100_000, 0))
 	var picked []string
 	for i := range 4 {
 		req := routertest.Chat(t, strings.Repeat(string(rune('a'+i)), blocks*64)) // nothing shared
@@ -128,8 +136,10 @@ func TestPicksSinceTheScrapeTakeRoom(t *testing.T) {
 		picked = append(picked, d.Endpoint.Addr)
 		defer pl.Done(req, d.Endpoint)
 	}
-	// Room in prompts after each pick: (3, 1.5) → (2, 1.5) → (1, 1.5) → (1, 0.5) → ...
-	want := []string{"10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.2:8000"}
+	// Room in prompts before each pick (scores): (2.5, 0.9) → (1.5, 0.9) → (0.5, 0.9) →
+	// (0.5, -0.1): endpoint 0 wins while a whole prompt fits there, then endpoint 1 while its
+	// 0.9 beats 0.5, then 0.5 beats nothing. Without the picks, endpoint 0 would win every time.
+	want := []string{"10.0.0.1:8000", "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.1:8000"}
 	for i := range want {
 		if picked[i] != want[i] {
 			t.Fatalf("picks %v, want %v: each pick since the scrape takes a prompt's room", picked, want)
@@ -137,28 +147,69 @@ func TestPicksSinceTheScrapeTakeRoom(t *testing.T) {
 	}
 }
 
-// BenchmarkScore64 is the scorer's share of a decision at 64 endpoints, each with a fresh scrape
-// (the decision benchmark's endpoints are not scraped and take the neutral path).
+// BenchmarkScore64 scores 64 scraped endpoints. "roomy": most have room for the whole prompt
+// (usage i/64 of 200,000 tokens; five do not), kv-fit alone, its running-record lookup cached
+// after the first call. "short": no endpoint has room, 4 requests sharing the prompt's first
+// half run on each, and each iteration scores with the prefix scorer first (as the pipeline
+// does), so the running records are looked up every time; "prefix-only" is that prefix score
+// alone, to subtract.
 func BenchmarkScore64(b *testing.B) {
 	now := time.Now()
-	px, err := prefix.New(prefix.Params{BlockSize: 64, MaxBlocksPerRequest: 10000, LRUCapacityPerEndpoint: 1000,
-		MinMatchBlocks: 1, PendingTTL: config.Duration(time.Minute)}, nil)
-	if err != nil {
-		b.Fatal(err)
+	setup := func(b *testing.B, usage func(i int) float64, running bool) (*prefix.Plugin, *router.Request, []*router.Endpoint) {
+		px, err := prefix.New(prefix.Params{BlockSize: 64, MaxBlocksPerRequest: 10000, LRUCapacityPerEndpoint: 1000,
+			MinMatchBlocks: 1, PendingTTL: config.Duration(time.Minute)}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		eps := routertest.Endpoints(make([]int64, 64)...)
+		for i, e := range eps {
+			e.SetMetrics(metrics(now, usage(i), 200_000, 0))
+		}
+		if running {
+			for i, e := range eps {
+				for k := range 4 {
+					r := routertest.Chat(b, prompt(500)+strings.Repeat(string(rune('a'+k)), 64*(i+1)))
+					px.Prepare(context.Background(), r)
+					px.Score(context.Background(), r, eps, make([]float64, len(eps)))
+					px.Picked(r, e)
+					b.Cleanup(func() { px.Done(r, e) })
+				}
+			}
+		}
+		req := routertest.Chat(b, prompt(1000))
+		req.Now = now
+		px.Prepare(context.Background(), req)
+		px.Score(context.Background(), req, eps, make([]float64, len(eps)))
+		return px, req, eps
 	}
-	loads := make([]int64, 64)
-	eps := routertest.Endpoints(loads...)
-	for i, e := range eps {
-		e.SetMetrics(metrics(now, float64(i)/64, 200_000, 0))
-	}
-	req := routertest.Chat(b, prompt(1000))
-	req.Now = now
-	px.Prepare(context.Background(), req)
-	px.Score(context.Background(), req, eps, make([]float64, len(eps)))
-	s := make([]float64, len(eps))
 	var sc kvfit.Scorer
-	b.ReportAllocs()
-	for b.Loop() {
-		sc.Score(context.Background(), req, eps, s)
-	}
+	b.Run("roomy", func(b *testing.B) {
+		_, req, eps := setup(b, func(i int) float64 { return float64(i) / 64 }, false)
+		s := make([]float64, len(eps))
+		b.ReportAllocs()
+		for b.Loop() {
+			sc.Score(context.Background(), req, eps, s)
+		}
+	})
+	full := func(int) float64 { return 0.99 }
+	b.Run("short", func(b *testing.B) {
+		px, req, eps := setup(b, full, true)
+		s := make([]float64, len(eps))
+		b.ReportAllocs()
+		for b.Loop() {
+			px.Score(context.Background(), req, eps, s)
+			sc.Score(context.Background(), req, eps, s)
+		}
+		if m := prefix.MatchesOf(req); m.RunningBlocks(eps[0]) != 500 {
+			b.Fatalf("running blocks %d, want 500", m.RunningBlocks(eps[0]))
+		}
+	})
+	b.Run("prefix-only", func(b *testing.B) {
+		px, req, eps := setup(b, full, true)
+		s := make([]float64, len(eps))
+		b.ReportAllocs()
+		for b.Loop() {
+			px.Score(context.Background(), req, eps, s)
+		}
+	})
 }
