@@ -1,12 +1,18 @@
 package plugins_test
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/internal/routertest"
 	"github.com/kvpick/kvpick/pkg/plugins"
+	"github.com/kvpick/kvpick/pkg/plugins/kvfit"
 	"github.com/kvpick/kvpick/pkg/plugins/loadguard"
+	"github.com/kvpick/kvpick/pkg/prefix"
+	"github.com/kvpick/kvpick/pkg/router"
 )
 
 func TestBuildDefaultPlugins(t *testing.T) {
@@ -65,5 +71,42 @@ func TestUserParametersOverrideDefaultsFieldByField(t *testing.T) {
 	// absoluteMargin 1 from the user, relativeMargin 1.0 from default.yaml.
 	if !g.Over(5, 2) || g.Over(4, 2) || g.Over(2, 1) {
 		t.Fatal("merged parameters are not {absoluteMargin: 1, relativeMargin: 1.0}")
+	}
+}
+
+// TestPrefixKeepsRunningRecordsOnlyForKVFit: the prefix plugin keeps running records (pick to
+// stream end) only when kv-fit-scorer, which reads them, is in the pipeline.
+func TestPrefixKeepsRunningRecordsOnlyForKVFit(t *testing.T) {
+	for _, withKVFit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("kv-fit=%v", withKVFit), func(t *testing.T) {
+			var specs []config.Plugin
+			for _, s := range config.Default().Plugins {
+				if s.Name != kvfit.Name || withKVFit {
+					specs = append(specs, s)
+				}
+			}
+			b, err := plugins.Build(specs, plugins.Deps{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var px *prefix.Plugin
+			for _, p := range b.Plugins {
+				if q, ok := p.(*prefix.Plugin); ok {
+					px = q
+				}
+			}
+			ep := routertest.Endpoints(0)[0]
+			req := routertest.Chat(t, strings.Repeat("a long enough prompt. ", 40))
+			px.Prepare(context.Background(), req)
+			px.Score(context.Background(), req, []*router.Endpoint{ep}, make([]float64, 1))
+			px.Picked(req, ep)
+			if got := px.RunningCount(); got != map[bool]int{true: 1, false: 0}[withKVFit] {
+				t.Fatalf("%d running records after one pick", got)
+			}
+			px.Done(req, ep)
+			if got := px.RunningCount(); got != 0 {
+				t.Fatalf("%d running records after the stream ended", got)
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvpick/kvpick/config"
@@ -81,13 +82,15 @@ type Plugin struct {
 	pending *pendingSet
 	// running holds, from pick to stream end, the prompts of the requests each endpoint is
 	// serving: the blocks they reference are the part of a new prompt that takes no free KV
-	// room there (Matches.RunningBlocks).
-	running *pendingSet
-	now     func() time.Time
-	states  sync.Pool
-	metrics *pluginMetrics
-	caps    *capacities
-	reuse   reuseRate
+	// room there (Matches.RunningBlocks). Kept only once a scorer has asked for them
+	// (runningWanted), so that pipelines without one pay nothing for them.
+	running       *pendingSet
+	runningWanted atomic.Bool
+	now           func() time.Time
+	states        sync.Pool
+	metrics       *pluginMetrics
+	caps          *capacities
+	reuse         reuseRate
 }
 
 var (
@@ -267,8 +270,10 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 	now := pl.now()
 	st.pending = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
 	pl.pending.add(&st.pending, now)
-	st.running = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
-	pl.running.add(&st.running, now)
+	if pl.runningWanted.Load() {
+		st.running = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
+		pl.running.add(&st.running, now)
+	}
 	pl.recordPrediction(st, ep)
 }
 
@@ -358,6 +363,11 @@ func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
 // PendingCount is the number of live pending records (for tests and metrics).
 func (pl *Plugin) PendingCount() int { return pl.pending.len() }
 
+// KeepRunningRecords makes the plugin keep running records from now on; a scorer that reads
+// Matches.RunningBlocks asks for them when the pipeline is built (the first RunningBlocks call
+// asks too, for a pipeline built by hand).
+func (pl *Plugin) KeepRunningRecords() { pl.runningWanted.Store(true) }
+
 // RunningCount is the number of live running records (for tests).
 func (pl *Plugin) RunningCount() int { return pl.running.len() }
 
@@ -403,13 +413,17 @@ func (m Matches) TailAge(ep *router.Endpoint) uint32 {
 // RunningBlocks returns the number of leading prompt blocks that requests running on ep (picked
 // and not yet ended) share with this one. vLLM counts a cached block that no running request
 // references as free: a prompt takes free room for every block beyond this count, even those
-// the endpoint still caches. Computed once per Score, on the first call.
+// the endpoint still caches. Computed once per Score, on the first call. Requests picked
+// before KeepRunningRecords, or before the first call, are not counted.
 func (m Matches) RunningBlocks(ep *router.Endpoint) int {
 	st := m.st
 	if st == nil || st.owner == nil {
 		return 0
 	}
 	if !st.runDone {
+		if !st.owner.runningWanted.Load() {
+			st.owner.runningWanted.Store(true)
+		}
 		st.runLens = zeroedSlots(st.runLens, len(st.lens))
 		st.owner.running.match(st.hashes, st.owner.now(), st.runLens, nil, nil, 0)
 		st.runDone = true

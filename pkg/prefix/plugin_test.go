@@ -468,6 +468,7 @@ func TestRunningBlocksCountOnlyRequestsStillRunning(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			pl, eps := testPlugin(t), twoEndpoints()
+			pl.KeepRunningRecords()
 			ctx := context.Background()
 			first := chatRequest(t, longSystem, "first question")
 			first.Body.Stream = true

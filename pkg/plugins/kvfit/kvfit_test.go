@@ -23,6 +23,7 @@ func newPrefix(t *testing.T) *prefix.Plugin {
 	if err != nil {
 		t.Fatal(err)
 	}
+	px.KeepRunningRecords()
 	return px
 }
 
@@ -161,6 +162,7 @@ func BenchmarkScore64(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		px.KeepRunningRecords()
 		eps := routertest.Endpoints(make([]int64, 64)...)
 		for i, e := range eps {
 			e.SetMetrics(metrics(now, usage(i), 200_000, 0))
