@@ -284,7 +284,11 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 // progress, not a cached prefix. Any other status commits nothing and drops the record.
 func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, status int) {
 	st := pl.state(req)
-	if st == nil || st.resolved {
+	if st == nil {
+		return
+	}
+	pl.runningOn(st, served, status >= 200 && status <= 299)
+	if st.resolved {
 		return
 	}
 	if status >= 200 && status <= 299 && st.streamed {
@@ -292,6 +296,21 @@ func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, 
 		return
 	}
 	pl.resolve(st, served, status >= 200 && status <= 299)
+}
+
+// runningOn moves the request's running record to the endpoint that answered (the proxy may
+// have retried on another), or drops it when the answer is an error: the request no longer
+// runs anywhere.
+func (pl *Plugin) runningOn(st *state, served *router.Endpoint, ok bool) {
+	if st.running.ep == nil || (ok && served == st.running.ep) {
+		return
+	}
+	pl.running.remove(&st.running)
+	st.running = pendingRecord{}
+	if ok && served != nil {
+		st.running = pendingRecord{hashes: st.hashes, ep: served}
+		pl.running.add(&st.running, pl.now())
+	}
 }
 
 // FirstByte commits a stream's blocks: its first token is out, the prompt is in the server's

@@ -518,3 +518,44 @@ func TestRunningBlocksCountOnlyRequestsStillRunning(t *testing.T) {
 		})
 	}
 }
+
+// TestRunningRecordFollowsTheAnswer: the running record sits on the endpoint that answered
+// (the proxy may retry on another than the one picked) and goes with an error answer.
+func TestRunningRecordFollowsTheAnswer(t *testing.T) {
+	tests := []struct {
+		name        string
+		answeredBy  int
+		status      int
+		wantRunning [2]bool
+	}{
+		{"answered by the endpoint picked", 0, 200, [2]bool{true, false}},
+		{"answered by another after a retry", 1, 200, [2]bool{false, true}},
+		{"an error answer ends the request", 0, 503, [2]bool{false, false}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pl, eps := testPlugin(t), twoEndpoints()
+			pl.KeepRunningRecords()
+			ctx := context.Background()
+			first := chatRequest(t, longSystem, "first question")
+			first.Body.Stream = true
+			pl.Prepare(ctx, first)
+			scores(pl, first, eps)
+			pl.Picked(first, eps[0])
+			pl.ResponseHeaders(first, eps[tc.answeredBy], tc.status)
+			next := chatRequest(t, longSystem, "another question")
+			pl.Prepare(ctx, next)
+			scores(pl, next, eps)
+			m := MatchesOf(next)
+			for i, e := range eps {
+				if got := m.RunningBlocks(e) > 0; got != tc.wantRunning[i] {
+					t.Errorf("endpoint %d: RunningBlocks %d, want running there = %v", i, m.RunningBlocks(e), tc.wantRunning[i])
+				}
+			}
+			pl.Done(first, eps[tc.answeredBy])
+			if n := pl.RunningCount(); n != 0 {
+				t.Fatalf("%d running records left after the stream ended", n)
+			}
+		})
+	}
+}
