@@ -76,7 +76,8 @@ func quoteChar(c byte) string {
 }
 
 func skipWS(b []byte, i int) int {
-	for i < len(b) {
+	// Most calls meet no whitespace (compact JSON): one compare decides that.
+	for i < len(b) && b[i] <= ' ' {
 		switch b[i] {
 		case ' ', '\n', '\r', '\t':
 			i++
