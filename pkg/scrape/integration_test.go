@@ -27,11 +27,21 @@ type modelServer struct {
 	waiting, running int
 	usage            float64
 	hits             atomic.Int64
+	// dead: the server drops every connection without answering, as a crashed process's
+	// socket does, while the test keeps its port (a port let go could be bound by another
+	// test's metrics server under make test's parallel load, and answer for it).
+	dead atomic.Bool
 }
 
 func newModelServer(t *testing.T, sglang bool, blocks int) *modelServer {
 	m := &modelServer{sglang: sglang, blocks: blocks}
 	m.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.dead.Load() {
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
 		m.hits.Add(1)
 		m.mu.Lock()
 		wt, run, u := m.waiting, m.running, m.usage
@@ -126,8 +136,11 @@ func TestPickerEndpointsFollowTheirServers(t *testing.T) {
 	// The SGLang server dies: its metrics go stale, its capacity stays known, the others go on.
 	dead := servers[2]
 	deadEP := pk.Pool.Lookup(dead.addr())
+	// It once stayed fresh for 20 s under make test's load when the test closed the server's
+	// listener and connections instead: a connection opened in between, or the freed port
+	// bound by another test's server, went on answering.
+	dead.dead.Store(true)
 	dead.srv.CloseClientConnections()
-	dead.srv.Listener.Close()
 	for deadline := time.Now().Add(20 * time.Second); deadEP.FreshMetrics(time.Now()) != nil; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("a dead server's metrics never went stale")
