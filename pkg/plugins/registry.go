@@ -145,15 +145,14 @@ func Build(specs []config.Plugin, d Deps) (*Built, error) {
 			}
 			b.Weights[s.Name] = *s.Weight
 		}
-		if (s.Name == prefill.Name || s.Name == cacheroom.Name || s.Name == kvfit.Name) && !slices.ContainsFunc(b.Plugins, func(q router.Plugin) bool { return q.Name() == prefix.Name }) {
-			return nil, fmt.Errorf("plugins[%d] (%s): needs %s listed before it", i, s.Name, prefix.Name)
-		}
-		if s.Name == kvfit.Name {
-			// kv-fit reads the running records, which the prefix plugin keeps only on request.
-			for _, q := range b.Plugins {
-				if px, ok := q.(*prefix.Plugin); ok {
-					px.KeepRunningRecords()
-				}
+		if s.Name == prefill.Name || s.Name == cacheroom.Name || s.Name == kvfit.Name {
+			at := slices.IndexFunc(b.Plugins, func(q router.Plugin) bool { return q.Name() == prefix.Name })
+			if at < 0 {
+				return nil, fmt.Errorf("plugins[%d] (%s): needs %s listed before it", i, s.Name, prefix.Name)
+			}
+			if s.Name == kvfit.Name {
+				// kv-fit reads the running records, which the prefix plugin keeps only on request.
+				b.Plugins[at].(*prefix.Plugin).KeepRunningRecords()
 			}
 		}
 		b.Plugins = append(b.Plugins, p)

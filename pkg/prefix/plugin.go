@@ -382,9 +382,8 @@ func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
 // PendingCount is the number of live pending records (for tests and metrics).
 func (pl *Plugin) PendingCount() int { return pl.pending.len() }
 
-// KeepRunningRecords makes the plugin keep running records from now on; a scorer that reads
-// Matches.RunningBlocks asks for them when the pipeline is built (the first RunningBlocks call
-// asks too, for a pipeline built by hand).
+// KeepRunningRecords makes the plugin keep running records from now on; a pipeline with a
+// scorer that reads Matches.RunningBlocks asks for them when it is built (plugins.Build).
 func (pl *Plugin) KeepRunningRecords() { pl.runningWanted.Store(true) }
 
 // RunningCount is the number of live running records (for tests).
@@ -432,17 +431,14 @@ func (m Matches) TailAge(ep *router.Endpoint) uint32 {
 // RunningBlocks returns the number of leading prompt blocks that requests running on ep (picked
 // and not yet ended) share with this one. vLLM counts a cached block that no running request
 // references as free: a prompt takes free room for every block beyond this count, even those
-// the endpoint still caches. Computed once per Score, on the first call. Requests picked
-// before KeepRunningRecords, or before the first call, are not counted.
+// the endpoint still caches. Computed once per Score, on the first call. Without
+// KeepRunningRecords there are no records and it returns 0.
 func (m Matches) RunningBlocks(ep *router.Endpoint) int {
 	st := m.st
 	if st == nil || st.owner == nil {
 		return 0
 	}
 	if !st.runDone {
-		if !st.owner.runningWanted.Load() {
-			st.owner.runningWanted.Store(true)
-		}
 		st.runLens = zeroedSlots(st.runLens, len(st.lens))
 		st.owner.running.match(st.hashes, st.owner.now(), st.runLens, nil, nil, 0)
 		st.runDone = true

@@ -448,6 +448,26 @@ func TestRequestsPastTheirPrefillDoNotMakeAPrefixLookHot(t *testing.T) {
 	}
 }
 
+// pickStream scores a streamed request with longSystem's system prompt and picks on for it.
+func pickStream(t *testing.T, pl *Plugin, eps []*router.Endpoint, on *router.Endpoint) *router.Request {
+	t.Helper()
+	req := chatRequest(t, longSystem, "first question")
+	req.Body.Stream = true
+	pl.Prepare(context.Background(), req)
+	scores(pl, req, eps)
+	pl.Picked(req, on)
+	return req
+}
+
+// scoreNext scores another question behind longSystem and returns it with its matches.
+func scoreNext(t *testing.T, pl *Plugin, eps []*router.Endpoint) (*router.Request, Matches) {
+	t.Helper()
+	next := chatRequest(t, longSystem, "another question")
+	pl.Prepare(context.Background(), next)
+	scores(pl, next, eps)
+	return next, MatchesOf(next)
+}
+
 // TestRunningBlocksCountOnlyRequestsStillRunning: a prompt's blocks that requests running on an
 // endpoint reference take no free KV room there; a prefix the endpoint caches but no running
 // request uses does (vLLM counts such blocks as free), so it is not counted.
@@ -469,12 +489,7 @@ func TestRunningBlocksCountOnlyRequestsStillRunning(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pl, eps := testPlugin(t), twoEndpoints()
 			pl.KeepRunningRecords()
-			ctx := context.Background()
-			first := chatRequest(t, longSystem, "first question")
-			first.Body.Stream = true
-			pl.Prepare(ctx, first)
-			scores(pl, first, eps)
-			pl.Picked(first, eps[tc.earlierOn])
+			first := pickStream(t, pl, eps, eps[tc.earlierOn])
 			switch tc.earlier {
 			case "streaming":
 				pl.ResponseHeaders(first, eps[tc.earlierOn], 200)
@@ -484,10 +499,7 @@ func TestRunningBlocksCountOnlyRequestsStillRunning(t *testing.T) {
 				pl.FirstByte(first, eps[tc.earlierOn])
 				pl.Done(first, eps[tc.earlierOn])
 			}
-			next := chatRequest(t, longSystem, "another question")
-			pl.Prepare(ctx, next)
-			scores(pl, next, eps)
-			m := MatchesOf(next)
+			next, m := scoreNext(t, pl, eps)
 			system := len(longSystem) / 64 // full blocks of the system prompt alone, at least
 			for i, e := range eps {
 				if got := m.RunningBlocks(e) >= system; got != tc.wantRunning[i] {
@@ -536,17 +548,9 @@ func TestRunningRecordFollowsTheAnswer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pl, eps := testPlugin(t), twoEndpoints()
 			pl.KeepRunningRecords()
-			ctx := context.Background()
-			first := chatRequest(t, longSystem, "first question")
-			first.Body.Stream = true
-			pl.Prepare(ctx, first)
-			scores(pl, first, eps)
-			pl.Picked(first, eps[0])
+			first := pickStream(t, pl, eps, eps[0])
 			pl.ResponseHeaders(first, eps[tc.answeredBy], tc.status)
-			next := chatRequest(t, longSystem, "another question")
-			pl.Prepare(ctx, next)
-			scores(pl, next, eps)
-			m := MatchesOf(next)
+			_, m := scoreNext(t, pl, eps)
 			for i, e := range eps {
 				if got := m.RunningBlocks(e) > 0; got != tc.wantRunning[i] {
 					t.Errorf("endpoint %d: RunningBlocks %d, want running there = %v", i, m.RunningBlocks(e), tc.wantRunning[i])
