@@ -76,6 +76,16 @@ type capacities struct {
 	// tpb is float64 bits of blockSize / bytesPerToken, kept beside bytesPerToken for the
 	// decision path, which must not take mu.
 	tpb atomic.Uint64
+	// sizes is, by endpoint slot, the KV cache size learned for endpoints that report none
+	// (learnedSize), republished by apply for the decision path, which must not take mu.
+	sizes atomic.Pointer[[]learnedSize]
+}
+
+// learnedSize is one endpoint's learned KV cache size in tokens; ep tells whether the slot
+// still holds the endpoint it was learned for.
+type learnedSize struct {
+	ep     *router.Endpoint
+	tokens float64
 }
 
 // learning is one endpoint's capacity as learned from the evidence.
@@ -254,6 +264,7 @@ func (c *capacities) apply() {
 	if c.maxEntries > 0 && sum > c.maxEntries {
 		scale = float64(c.maxEntries) / float64(sum)
 	}
+	c.publishSizesLocked()
 	c.defaultCap = max(1, int(float64(defCap)*scale))
 	if c.maxEntries > 0 {
 		c.defaultCap = min(c.defaultCap, c.maxEntries)
@@ -305,6 +316,35 @@ func (c *capacities) apply() {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// publishSizesLocked republishes the learned cache sizes of the live endpoints that report
+// none. The index holds reportedUsableShare of a reported size (the rest holds running
+// requests' tokens), so what was learned for the index is that share of the whole cache.
+func (c *capacities) publishSizesLocked() {
+	var sizes []learnedSize
+	for e := range c.live {
+		l := c.learned[e]
+		if c.reported[e] > 0 || l == nil || l.tokens <= 0 || e.Slot < 0 {
+			continue
+		}
+		if e.Slot >= len(sizes) {
+			sizes = append(sizes, make([]learnedSize, e.Slot+1-len(sizes))...)
+		}
+		sizes[e.Slot] = learnedSize{e, l.tokens / reportedUsableShare}
+	}
+	c.sizes.Store(&sizes)
+}
+
+// learnedTokens returns the KV cache size, in tokens, learned for ep from its server's
+// cached_tokens reports (learnCapacity), or 0 when ep reports its own size or no evidence has
+// touched it yet. Lock-free: it reads what apply last published.
+func (c *capacities) learnedTokens(ep *router.Endpoint) float64 {
+	p := c.sizes.Load()
+	if p == nil || ep.Slot < 0 || ep.Slot >= len(*p) || (*p)[ep.Slot].ep != ep {
+		return 0
+	}
+	return (*p)[ep.Slot].tokens
 }
 
 // Learned capacities stay within [learnMinBlocks index blocks, learnMaxFactor ×

@@ -3,6 +3,7 @@ package prefix
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -304,4 +305,68 @@ func TestLearnedCapacityShrinksToWhatATrimKept(t *testing.T) {
 	pl.caps.grow(eps[0], 10, 100)
 	pl.caps.settle()
 	check("after growth on the trimmed endpoint 0 to 100", [4]int{100, 30000, 30000, 850})
+}
+
+// TestLearnedCacheTokensAreWhatTheEvidenceTaught: for servers that report no cache size, the
+// size learned from their cached_tokens reports is published for the decision path (kv-fit's
+// free room), as the whole cache: the learned index capacity over the reusable share. Nothing
+// before evidence touched an endpoint (the configured figure is not trusted), nothing for a
+// server that reports its own size, nothing for an endpoint that left or another one that took
+// its slot.
+func TestLearnedCacheTokensAreWhatTheEvidenceTaught(t *testing.T) {
+	pl, eps := learnPlugin(t, 10000, true)
+	report(pl, eps[3], 1000, 16)
+	pl.caps.settle()
+	learned := func() [4]float64 {
+		t.Helper()
+		req := chatRequest(t, "unrelated "+longSystem, "q")
+		pl.Prepare(context.Background(), req)
+		scores(pl, req, eps)
+		m := MatchesOf(req)
+		if m.Total == 0 {
+			t.Fatal("the probe request has no scored prompt")
+		}
+		var got [4]float64
+		for i, e := range eps {
+			got[i] = m.LearnedCacheTokens(e)
+		}
+		return got
+	}
+	const tpb = 16 // 64-byte blocks at the assumed 4 bytes per token
+	if got := learned(); got != [4]float64{} {
+		t.Fatalf("before any evidence: learned sizes %v, want none", got)
+	}
+	older, target, newer := "older "+longSystem, "target "+longSystem, "newer "+longSystem
+	for _, s := range []string{older, target, newer} {
+		serve(t, pl, eps, eps[0], s, -1)
+	}
+	serve(t, pl, eps, eps[0], target, 0) // the server found nothing: trimmed to learnMinBlocks
+	want := [4]float64{learnMinBlocks * tpb / reportedUsableShare, 0, 0, 0}
+	same := func(a, b [4]float64) bool {
+		for i := range a {
+			if math.Abs(a[i]-b[i]) > 1e-6*b[i] {
+				return false
+			}
+		}
+		return true
+	}
+	if got := learned(); !same(got, want) {
+		t.Fatalf("after the trim on endpoint 0: learned sizes %v, want %v", got, want)
+	}
+	pl.caps.grow(eps[1], 10, 500) // doubles endpoint 1, lifts the unbounded endpoint 2 to 500
+	pl.caps.settle()
+	want = [4]float64{learnMinBlocks * tpb / reportedUsableShare, 20000 * tpb / reportedUsableShare,
+		10000 * tpb / reportedUsableShare, 0}
+	if got := learned(); !same(got, want) {
+		t.Fatalf("after growth on endpoint 1: learned sizes %v, want %v", got, want)
+	}
+	pl.EndpointsChanged(nil, eps[1:2])
+	pl.caps.settle()
+	newcomer := router.NewEndpoint("10.0.0.9:8000", eps[1].Slot)
+	pl.EndpointsChanged([]*router.Endpoint{newcomer}, nil)
+	pl.caps.settle()
+	eps[1] = newcomer
+	if got := learned(); got[1] != 0 {
+		t.Fatalf("an endpoint in a departed endpoint's slot: learned size %v, want none", got[1])
+	}
 }

@@ -449,6 +449,18 @@ func (m Matches) RunningBlocks(ep *router.Endpoint) int {
 	return 0
 }
 
+// LearnedCacheTokens returns the size of ep's KV cache in tokens as learned from its server's
+// cached_tokens reports (learnCapacity): for a server that reports no size, once a report has
+// trimmed or grown the index's capacity for it, or lifted it with its pool's, that capacity
+// over the share of a cache the index assumes reusable. 0 when the server reports its own size
+// (Metrics.CapacityTokens is then the figure) or nothing has been learned.
+func (m Matches) LearnedCacheTokens(ep *router.Endpoint) float64 {
+	if m.st == nil || m.st.owner == nil {
+		return 0
+	}
+	return m.st.owner.caps.learnedTokens(ep)
+}
+
 // Blocks returns the number of leading prompt blocks ep likely holds.
 func (m Matches) Blocks(ep *router.Endpoint) int {
 	if ep.Slot < len(m.lens) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/routertest"
+	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/plugins/kvfit"
 	"github.com/kvpick/kvpick/pkg/plugins/maxscore"
 	"github.com/kvpick/kvpick/pkg/pool"
@@ -104,6 +105,70 @@ func TestScoreIsTheShareOfThePromptThatFitsInTheFreeRoom(t *testing.T) {
 				t.Fatalf("score %v, want %v", s[0], tc.want)
 			}
 		})
+	}
+}
+
+// TestServersThatReportNoSizeAreSizedByTheEvidence: a server that reports its KV usage but not
+// its cache's size scores 1 (no evidence) until its cached_tokens reports have taught the prefix
+// scorer a size; from then on that size stands in for the reported one.
+func TestServersThatReportNoSizeAreSizedByTheEvidence(t *testing.T) {
+	now := time.Now()
+	px, err := prefix.New(prefix.Params{BlockSize: 64, MaxBlocksPerRequest: 10000, LRUCapacityPerEndpoint: 1000,
+		MinMatchBlocks: 1, PendingTTL: config.Duration(time.Minute), CalibrateCapacity: true,
+		CapacityFromMetrics: true, EvictionEvidence: true, LearnCapacity: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.KeepRunningRecords()
+	eps := routertest.Endpoints(0)
+	px.EndpointsChanged(eps, nil)
+	const blocks = 100
+	// serve runs a prompt on the endpoint to its end; cached < 0: no cached_tokens reported.
+	serve := func(text string, cached int) {
+		req := routertest.Chat(t, text)
+		px.Prepare(context.Background(), req)
+		px.Score(context.Background(), req, eps, make([]float64, 1))
+		px.Picked(req, eps[0])
+		px.ResponseHeaders(req, eps[0], 200)
+		px.Usage(req, eps[0], openai.Usage{PromptTokens: blocks * 16, CachedTokens: max(cached, 0), HasCached: cached >= 0})
+		px.Done(req, eps[0])
+	}
+	score := func() (float64, prefix.Matches) {
+		eps[0].SetMetrics(metrics(now, 0.8, 0, eps[0].Picks()))
+		req := routertest.Chat(t, prompt(blocks))
+		req.Now = now
+		px.Prepare(context.Background(), req)
+		px.Score(context.Background(), req, eps, make([]float64, 1))
+		s := []float64{-1}
+		(&kvfit.Scorer{}).Score(context.Background(), req, eps, s)
+		return s[0], prefix.MatchesOf(req)
+	}
+	if s, _ := score(); s != 1 {
+		t.Fatalf("no size reported (usage 0.8), nothing learned: score %v, want 1", s)
+	}
+	// Three prompts served, then the server finds nothing of the oldest one: the index trims
+	// what it used no later, and bounds the endpoint's capacity by what it kept (the newer
+	// prompts: a few hundred blocks, a cache far smaller than this 100-block prompt's need).
+	older, target, newer := strings.Repeat("o", blocks*64), strings.Repeat("t", blocks*64), strings.Repeat("n", blocks*64)
+	for _, p := range []string{older, target, newer} {
+		serve(p, -1)
+	}
+	serve(target, 0)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, m := score()
+		size := m.LearnedCacheTokens(eps[0])
+		if size > 0 {
+			need := float64(m.Total)*m.TokensPerBlock + 64
+			if want := min(1, 0.2*size/need); math.Abs(s-want) > 1e-9 || s >= 1 {
+				t.Fatalf("learned size %v tokens, usage 0.8, need %v: score %v, want %v (below 1)", size, need, s, want)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no size learned from the report that the server had lost a prompt")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
