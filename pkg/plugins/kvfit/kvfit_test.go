@@ -213,7 +213,7 @@ func TestPicksSinceTheScrapeTakeRoom(t *testing.T) {
 	}
 }
 
-// BenchmarkScore64 scores 64 scraped endpoints. "roomy": most have room for the whole prompt
+// BenchmarkScore64 scores 64 scraped endpoints ("unsized" below). "roomy": most have room for the whole prompt
 // (usage i/64 of 200,000 tokens; five do not), kv-fit alone, its running-record lookup cached
 // after the first call. "short": no endpoint has room, 4 requests sharing the prompt's first
 // half run on each, and each iteration scores with the prefix scorer first (as the pipeline
@@ -256,6 +256,22 @@ func BenchmarkScore64(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			sc.Score(context.Background(), req, eps, s)
+		}
+	})
+	// "unsized": the servers report their usage but not their size, and nothing has been
+	// learned: each endpoint costs the lookup of a learned size that is not there.
+	b.Run("unsized", func(b *testing.B) {
+		_, req, eps := setup(b, func(i int) float64 { return float64(i) / 64 }, false)
+		for i, e := range eps {
+			e.SetMetrics(metrics(now, float64(i)/64, 0, 0))
+		}
+		s := make([]float64, len(eps))
+		b.ReportAllocs()
+		for b.Loop() {
+			sc.Score(context.Background(), req, eps, s)
+		}
+		if s[63] != 1 {
+			b.Fatalf("score %v without a size, want 1", s[63])
 		}
 	})
 	full := func(int) float64 { return 0.99 }
