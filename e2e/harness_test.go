@@ -237,12 +237,24 @@ func simIP() string { return fmt.Sprintf("127.0.0.%d", 2+nextIP.Add(1)%250) }
 // before the child binds it; on loopback with ephemeral ports that is rare enough.
 func freePort(t *testing.T, ip string) int {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatal(err)
+	return freePorts(t, ip, 1)[0]
+}
+
+// freePorts returns n distinct ports free on ip. The listeners stay open until all n are
+// chosen: one closed before the next is asked for can come back at once (the picker was once
+// given one port for both its gRPC and metrics servers, and could not start).
+func freePorts(t *testing.T, ip string, n int) []int {
+	t.Helper()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 // httpOK reports whether GET url answers 200.
@@ -343,7 +355,8 @@ func startPicker(t *testing.T, endpoints []string, configYAML string) *picker {
 	if err := os.WriteFile(cfgPath, []byte(configYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := &picker{grpcPort: freePort(t, ""), healthPort: freePort(t, ""), metricsPort: freePort(t, "")}
+	ports := freePorts(t, "", 3)
+	p := &picker{grpcPort: ports[0], healthPort: ports[1], metricsPort: ports[2]}
 	p.proc = startProc(t, "picker", bins.picker,
 		"--grpc-port", strconv.Itoa(p.grpcPort), "--grpc-health-port", strconv.Itoa(p.healthPort),
 		"--metrics-port", strconv.Itoa(p.metricsPort), "--config-file", cfgPath,
