@@ -77,7 +77,8 @@ type capacities struct {
 	// decision path, which must not take mu.
 	tpb atomic.Uint64
 	// sizes is, by endpoint slot, the KV cache size learned for endpoints that report none
-	// (learnedSize), republished by apply for the decision path, which must not take mu.
+	// (learnedSize), republished by apply with the capacities it plans, for the decision path,
+	// which must not take mu.
 	sizes atomic.Pointer[[]learnedSize]
 }
 
@@ -250,21 +251,28 @@ func (c *capacities) apply() {
 	want := make([]plan, 0, len(c.live))
 	sum := 0
 	defCap := c.blocksLocked(c.configuredTokens())
+	var sizes []learnedSize
 	for e := range c.live {
 		n := defCap
 		if t := c.reported[e]; t > 0 {
 			n = c.blocksLocked(float64(t))
 		} else if l := c.learned[e]; l != nil && l.tokens > 0 {
 			n = c.blocksLocked(l.tokens)
+			// The index holds reportedUsableShare of a reported size (the rest holds running
+			// requests' tokens), so what was learned for it is that share of the whole cache.
+			if e.Slot >= len(sizes) {
+				sizes = append(sizes, make([]learnedSize, e.Slot+1-len(sizes))...)
+			}
+			sizes[e.Slot] = learnedSize{e, l.tokens / reportedUsableShare}
 		}
 		want = append(want, plan{e, n})
 		sum += n
 	}
+	c.sizes.Store(&sizes)
 	scale := 1.0
 	if c.maxEntries > 0 && sum > c.maxEntries {
 		scale = float64(c.maxEntries) / float64(sum)
 	}
-	c.publishSizesLocked()
 	c.defaultCap = max(1, int(float64(defCap)*scale))
 	if c.maxEntries > 0 {
 		c.defaultCap = min(c.defaultCap, c.maxEntries)
@@ -318,30 +326,12 @@ func (c *capacities) apply() {
 	}
 }
 
-// publishSizesLocked republishes the learned cache sizes of the live endpoints that report
-// none. The index holds reportedUsableShare of a reported size (the rest holds running
-// requests' tokens), so what was learned for the index is that share of the whole cache.
-func (c *capacities) publishSizesLocked() {
-	var sizes []learnedSize
-	for e := range c.live {
-		l := c.learned[e]
-		if c.reported[e] > 0 || l == nil || l.tokens <= 0 || e.Slot < 0 {
-			continue
-		}
-		if e.Slot >= len(sizes) {
-			sizes = append(sizes, make([]learnedSize, e.Slot+1-len(sizes))...)
-		}
-		sizes[e.Slot] = learnedSize{e, l.tokens / reportedUsableShare}
-	}
-	c.sizes.Store(&sizes)
-}
-
 // learnedTokens returns the KV cache size, in tokens, learned for ep from its server's
 // cached_tokens reports (learnCapacity), or 0 when ep reports its own size or no evidence has
 // touched it yet. Lock-free: it reads what apply last published.
 func (c *capacities) learnedTokens(ep *router.Endpoint) float64 {
 	p := c.sizes.Load()
-	if p == nil || ep.Slot < 0 || ep.Slot >= len(*p) || (*p)[ep.Slot].ep != ep {
+	if p == nil || ep.Slot >= len(*p) || (*p)[ep.Slot].ep != ep {
 		return 0
 	}
 	return (*p)[ep.Slot].tokens
