@@ -365,6 +365,24 @@ func (c *capacities) shrink(ep *router.Endpoint, kept int) {
 	}
 }
 
+// cut lowers ep's learned capacity to largeMissCut of it: its server lost most of what the index
+// predicted there, so it holds less than the trim kept (evidence.go). Like a trim, it bounds the
+// endpoint.
+func (c *capacities) cut(ep *router.Endpoint) {
+	if !c.learn {
+		return
+	}
+	c.mu.Lock()
+	changed := c.learnLocked(ep, func(cur, _ float64) float64 { return cur * largeMissCut })
+	if l := c.learned[ep]; l != nil && changed {
+		l.bounded, l.trimmed = true, true
+	}
+	c.mu.Unlock()
+	if changed {
+		c.kick()
+	}
+}
+
 // grow raises ep's learned capacity by blocks, and to at least atLeast blocks: its server held
 // that many blocks the index had dropped for want of room, and so holds at least atLeast. The
 // servers of one pool serve one model, mostly on alike hardware, so the configured figure is

@@ -370,3 +370,64 @@ func TestLearnedCacheTokensAreWhatTheEvidenceTaught(t *testing.T) {
 		t.Fatalf("an endpoint in a departed endpoint's slot: learned size %v, want none", got[1])
 	}
 }
+
+// TestALargeMissCutsTheCapacityBelowWhatTheTrimKept: the index predicts a prompt that is the
+// oldest of ten on an endpoint whose configured capacity is far too large. When the server
+// reports it found little of it, the trim evicts nothing older (there is nothing older) and
+// bounds the capacity by the ten prompts it kept; a report of under half the prediction also
+// cuts that bound to largeMissCut, one of half or more leaves it. A server that reports its
+// size is never cut.
+func TestALargeMissCutsTheCapacityBelowWhatTheTrimKept(t *testing.T) {
+	cases := []struct {
+		name     string
+		found    float64 // share of the prediction the server reports cached
+		reported bool    // the server reports its cache size
+		cut      bool
+	}{
+		{"found nothing: cut", 0, false, true},
+		{"found 40%: cut", 0.4, false, true},
+		{"found 60%: trimmed, not cut", 0.6, false, false},
+		{"found nothing, size reported: neither", 0, true, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pl, eps := learnPlugin(t, 10000, true)
+			if tc.reported {
+				report(pl, eps[0], 1000, 16) // 850 index blocks, from the server
+				pl.caps.settle()
+			}
+			prompts := make([]string, 10)
+			for i := range prompts {
+				prompts[i] = fmt.Sprintf("prompt %d ", i) + longSystem
+				serve(t, pl, eps, eps[0], prompts[i], -1)
+			}
+			held := pl.index.eps[0].n
+			r := chatRequest(t, prompts[0], "q")
+			pl.Prepare(context.Background(), r)
+			scores(pl, r, eps)
+			total := MatchesOf(r).Total
+			pl.Done(r, eps[0])
+			// The oldest prompt again, found at the given share.
+			pred, _ := serve(t, pl, eps, eps[0], prompts[0], int(tc.found*float64(total))*16)
+			if pred < total-2 {
+				t.Fatalf("predicted %d of %d blocks, want the whole prompt", pred, total)
+			}
+			want := held // the trims evicted nothing: every prompt is newer than the predicted one
+			switch {
+			case tc.reported:
+				want = 850
+			case tc.cut:
+				want = int(math.Round(float64(held) * largeMissCut))
+			}
+			if held*3/4 < learnMinBlocks {
+				t.Fatalf("the prompts hold %d blocks, too few to see a cut above learnMinBlocks", held)
+			}
+			if got := pl.index.CapacityOf(0); got != want {
+				t.Fatalf("capacity %d after the report (the prompts held %d), want %d", got, held, want)
+			}
+			if got := pl.index.CapacityOf(1); got != 10000 {
+				t.Fatalf("endpoint 1 capacity %d, want the configured 10000: one server's miss says nothing of another", got)
+			}
+		})
+	}
+}

@@ -24,6 +24,12 @@ import (
 // blocks, so the capacity drops to them; a reported hit on blocks the index had dropped for
 // want of room (its ghost table, ghost.go) raises it to what the server must have kept. The
 // two meet where the index holds what the server holds.
+//
+// A trim's bound is loose when the server lost most of what was predicted: the boundary of its
+// cache then lies among the entries the trim kept, by how much is not known. Such a large miss
+// also cuts the learned capacity by a fixed share (largeMissCut), so that repeated large misses
+// bring a capacity far too large down geometrically, while one miss caused by a burst of load
+// (running requests crowd prefixes out for a while) costs little that ghost hits cannot win back.
 const (
 	// A report counts as evidence of eviction only when it falls short of the prediction by more
 	// than evidenceSlackBlocks plus evidenceTolerance of it: the picker's 64-byte blocks never
@@ -31,6 +37,13 @@ const (
 	// recomputes the last prompt token, so a full hit reads up to a block short.
 	evidenceSlackBlocks = 2
 	evidenceTolerance   = 0.1
+	// A large miss: the server found less than largeMissShare of the prediction. It cuts the
+	// learned capacity to largeMissCut of what the trim left: ten large misses take a capacity
+	// to 0.85^10 ≈ 0.2 of it. Tuning seeds 1-6 (capacity-x10 / x0.1): shared-prefix p90 −28% /
+	// −2% with 0.85 or 0.92; a cut to 0.7 gained less, halving lost 24% / 3% (docs/benchmarks.md,
+	// "Large misses").
+	largeMissShare = 0.5
+	largeMissCut   = 0.85
 )
 
 // recordPrediction notes, at pick, what the index promised for ep: the leading blocks it held
@@ -70,6 +83,9 @@ func (pl *Plugin) evidence(st *state, served *router.Endpoint, u openai.Usage) {
 			pl.metrics.observeTrim(served, evicted)
 		}
 		pl.caps.shrink(served, kept)
+		if found < float64(st.predicted)*largeMissShare {
+			pl.caps.cut(served)
+		}
 		return
 	}
 	// The server found more than predicted. That alone says little (a multi-turn prompt
