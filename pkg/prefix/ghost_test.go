@@ -138,11 +138,11 @@ func TestIndexGhostsTheBlocksItDropsForRoom(t *testing.T) {
 	}
 }
 
-// TestGhostMatchCountsHalfOfWhatTheIndexDroppedRecently: an endpoint whose capacity may be too
-// small gets half credit for the blocks its LRU dropped for room within its last capacity's
-// worth of drops, counted on from what it holds; a held block, an old drop, a trim's probe
+// TestGhostMatchCountsWhatTheIndexDroppedRecently: an endpoint whose capacity may be too small
+// gets credit for the blocks its LRU dropped for room within its last capacity's worth of
+// drops, counted on from what it holds; a held block, an old drop, a trim's probe
 // switch or no ghost table end or stop the credit.
-func TestGhostMatchCountsHalfOfWhatTheIndexDroppedRecently(t *testing.T) {
+func TestGhostMatchCountsWhatTheIndexDroppedRecently(t *testing.T) {
 	match := func(x *Index, slot int, hashes []uint64) int32 {
 		t.Helper()
 		lens := make([]int32, 4)
@@ -155,16 +155,16 @@ func TestGhostMatchCountsHalfOfWhatTheIndexDroppedRecently(t *testing.T) {
 	x.SetGhosts(true)
 	first := chain(1, 8)
 	x.Insert(0, first) // holds blocks 0-3; 4-7 dropped for room
-	if got := match(x, 0, first); got != 4+2 {
-		t.Fatalf("held 4, dropped 4 just now: match %d, want 4 + 4/2", got)
+	if got := match(x, 0, first); got != 4+4 {
+		t.Fatalf("held 4, dropped 4 just now: match %d, want 4 + 4", got)
 	}
 	if got := match(x, 1, first); got != 0 {
 		t.Fatalf("endpoint without the prompt or ghosts: match %d, want 0", got)
 	}
 	x.Insert(0, chain(2, 4)) // evicts blocks 0-3: the whole prompt is now ghosts, 8 drops ago at most
 	// Blocks 3, 2, 1, 0 were the last four drops (the LRU's tail first); 4-7 went before them.
-	if got := match(x, 0, first); got != 2 {
-		t.Fatalf("whole prompt dropped, capacity 4: match %d, want 4/2 (the 4 blocks dropped within the last 4 drops)", got)
+	if got := match(x, 0, first); got != 4 {
+		t.Fatalf("whole prompt dropped, capacity 4: match %d, want 4 (the 4 blocks dropped within the last 4 drops)", got)
 	}
 
 	y := NewIndex(4)
@@ -179,8 +179,8 @@ func TestGhostMatchCountsHalfOfWhatTheIndexDroppedRecently(t *testing.T) {
 	y.SetGhost(0, false)
 	y.SetGhost(0, true)      // a new table (the server stopped, then resumed, reporting no size)
 	y.Insert(0, chain(4, 8)) // evicts blocks 0-3 of first into the new table
-	if got := match(y, 0, first); got != 2 {
-		t.Fatalf("new ghost table after a trim: match %d, want 4/2", got)
+	if got := match(y, 0, first); got != 4 {
+		t.Fatalf("new ghost table after a trim: match %d, want 4", got)
 	}
 
 	z := NewIndex(4)

@@ -375,13 +375,16 @@ func (l *endpointLRU) ghostSince(h uint64) (int, bool) {
 	return d, true
 }
 
-// GhostMatch extends lens[slot], the leading blocks of hashes that endpoint slot holds, by half
-// the blocks that follow and that its LRU dropped for want of room within its last capacity's
-// worth of drops — for the endpoints with ghost tables that no trim has cut. A capacity learned too small hides
-// itself: the index forgets prompts its server still holds, the scorer sends them elsewhere, and
-// no report comes back that could show the ghost hit that would grow it. Half a match draws such a
-// prompt back when the endpoint is not much busier than the others, and its report settles it:
-// the hit grows the capacity (evidence.go), a miss costs what routing it elsewhere would have.
+// GhostMatch extends lens[slot], the leading blocks of hashes that endpoint slot holds, by the
+// blocks that follow and that its LRU dropped for want of room within its last capacity's worth
+// of drops — for the endpoints with ghost tables that no trim has cut. A capacity learned too
+// small hides itself: the index forgets prompts its server still holds, the scorer sends them
+// elsewhere, and no report comes back that could show the ghost hit that would grow it. The
+// credit draws such a prompt back when the endpoint is not much busier than the others, and its
+// report settles it: the hit grows the capacity (evidence.go), a miss costs what routing it
+// elsewhere would have. Full credit, not half: a server whose capacity was never shown smaller
+// than the index's most likely still holds what the index dropped last (half credit gave back
+// 1.8 points of capacity-x0.1 shared-prefix hit ratio on the tuning seeds; docs/benchmarks.md).
 func (x *Index) GhostMatch(hashes []uint64, lens []int32) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -396,7 +399,7 @@ func (x *Index) GhostMatch(hashes []uint64, lens []int32) {
 			}
 			n++
 		}
-		lens[slot] += int32(n / 2)
+		lens[slot] += int32(n)
 	}
 }
 
