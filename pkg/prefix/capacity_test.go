@@ -431,3 +431,39 @@ func TestALargeMissCutsTheCapacityBelowWhatTheTrimKept(t *testing.T) {
 		})
 	}
 }
+
+// TestEndpointsWithoutEvidenceTakeThePoolsLearnedCapacity: once half of the endpoints that
+// report no size (and at least two) have learned a capacity smaller than the configured one,
+// the endpoints with no evidence of their own take the largest learned capacity; one learned
+// endpoint is not enough, a learned capacity above the configured one lowers nothing, and a
+// server that reports its size keeps its own.
+func TestEndpointsWithoutEvidenceTakeThePoolsLearnedCapacity(t *testing.T) {
+	pl, eps := learnPlugin(t, 10000, true)
+	report(pl, eps[3], 1000, 16) // 850 index blocks, from the server; three endpoints report none
+	pl.caps.settle()
+	check := func(when string, want [4]int) {
+		t.Helper()
+		for ep, w := range want {
+			if got := pl.index.CapacityOf(ep); got != w {
+				t.Errorf("%s: endpoint %d capacity %d, want %d", when, ep, got, w)
+			}
+		}
+	}
+	pl.caps.shrink(eps[0], 300)
+	pl.caps.settle()
+	check("one endpoint learned", [4]int{300, 10000, 10000, 850})
+	pl.caps.shrink(eps[1], 500)
+	pl.caps.settle()
+	check("two of three learned", [4]int{300, 500, 500, 850})
+	pl.caps.grow(eps[1], 10, 20000) // lifts endpoint 2 too: nothing bounds it
+	pl.caps.settle()
+	check("a learned capacity above the configured one", [4]int{300, 20000, 20000, 850})
+
+	off, offEps := learnPlugin(t, 10000, false)
+	off.caps.shrink(offEps[0], 300)
+	off.caps.shrink(offEps[1], 500)
+	off.caps.settle()
+	if got := off.index.CapacityOf(2); got != 10000 {
+		t.Errorf("learnCapacity off: endpoint 2 capacity %d, want the configured 10000", got)
+	}
+}
