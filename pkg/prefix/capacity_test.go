@@ -412,15 +412,15 @@ func TestALargeMissCutsTheCapacityBelowWhatTheTrimKept(t *testing.T) {
 			if pred < total-2 {
 				t.Fatalf("predicted %d of %d blocks, want the whole prompt", pred, total)
 			}
+			if held*3/4 < learnMinBlocks {
+				t.Fatalf("the prompts hold %d blocks, too few to see a cut above learnMinBlocks", held)
+			}
 			want := held // the trims evicted nothing: every prompt is newer than the predicted one
 			switch {
 			case tc.reported:
 				want = 850
 			case tc.cut:
 				want = int(math.Round(float64(held) * largeMissCut))
-			}
-			if held*3/4 < learnMinBlocks {
-				t.Fatalf("the prompts hold %d blocks, too few to see a cut above learnMinBlocks", held)
 			}
 			if got := pl.index.CapacityOf(0); got != want {
 				t.Fatalf("capacity %d after the report (the prompts held %d), want %d", got, held, want)
@@ -455,9 +455,17 @@ func TestEndpointsWithoutEvidenceTakeThePoolsLearnedCapacity(t *testing.T) {
 	pl.caps.shrink(eps[1], 500)
 	pl.caps.settle()
 	check("two of three learned", [4]int{300, 500, 500, 850})
-	pl.caps.grow(eps[1], 10, 20000) // lifts endpoint 2 too: nothing bounds it
+
+	// Two learned, the larger above the configured figure: endpoint 2 keeps the configured one.
+	pl, eps = learnPlugin(t, 10000, true)
+	report(pl, eps[3], 1000, 16)
+	pl.caps.shrink(eps[0], 300)
+	pl.caps.mu.Lock()
+	pl.caps.learnLocked(eps[1], func(_, tpb float64) float64 { return 20000 * tpb }) // no lift
+	pl.caps.mu.Unlock()
+	pl.caps.kick()
 	pl.caps.settle()
-	check("a learned capacity above the configured one", [4]int{300, 20000, 20000, 850})
+	check("a learned capacity above the configured one", [4]int{300, 20000, 10000, 850})
 
 	off, offEps := learnPlugin(t, 10000, false)
 	off.caps.shrink(offEps[0], 300)
