@@ -29,7 +29,7 @@ import (
 // cache then lies among the entries the trim kept, by how much is not known. Such a large miss
 // also cuts the learned capacity by a fixed share (largeMissCut), so that repeated large misses
 // bring a capacity far too large down geometrically, while one miss caused by a burst of load
-// (running requests crowd prefixes out for a while) costs little that ghost hits cannot win back.
+// (running requests crowd prefixes out for a while) costs only 15%.
 const (
 	// A report counts as evidence of eviction only when it falls short of the prediction by more
 	// than evidenceSlackBlocks plus evidenceTolerance of it: the picker's 64-byte blocks never
