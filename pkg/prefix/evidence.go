@@ -51,6 +51,9 @@ const (
 // and when ep last used the last of them.
 func (pl *Plugin) recordPrediction(st *state, ep *router.Endpoint) {
 	st.picked, st.predicted, st.hasPredStmp = ep, 0, false
+	if pl.caps.learn {
+		st.pickTick = pl.index.Tick()
+	}
 	if !st.scored || ep.Slot >= len(st.committed) {
 		return
 	}
@@ -96,7 +99,7 @@ func (pl *Plugin) evidence(st *state, served *router.Endpoint, u openai.Usage) {
 	if !pl.caps.learn || hi <= st.predicted {
 		return
 	}
-	if g, since, capacity := pl.index.GhostHits(served.Slot, st.hashes[st.predicted:hi]); g > 0 {
+	if g, since, capacity := pl.index.GhostHits(served.Slot, st.hashes[st.predicted:hi], st.pickTick); g > 0 {
 		// The server kept a block that the index dropped, and with it every block used after
 		// it: the capacity's worth the index holds and the drops since.
 		pl.caps.grow(served, g, capacity+since+1)

@@ -27,9 +27,9 @@ type ghostTable struct {
 }
 
 // Table sizes: half the capacity, within [minGhosts, maxGhosts]. A hit shows a capacity up to
-// 1.5 times the index's (growth also doubles an endpoint no trim has shrunk, evidence.go); the
-// floor lets a capacity set 10× too small find the server's size within a few hits; half keeps
-// the table to ~6 bytes per index entry; the ceiling is 768 KiB per endpoint.
+// 1.5 times the index's; the floor lets a capacity set 10× too small find the server's size
+// within a few hits; half keeps the table to ~6 bytes per index entry; the ceiling is 768 KiB
+// per endpoint.
 const (
 	minGhosts = 4096
 	maxGhosts = 1 << 16

@@ -85,7 +85,7 @@ func TestGhostTableFollowsLargeCapacityChanges(t *testing.T) {
 	if n := ringLen(); n != 50000 {
 		t.Fatalf("ring of %d after capacity 100000, want 50000", n)
 	}
-	if hits, _, _ := x.GhostHits(0, chain(2, 40)); hits != 24 {
+	if hits, _, _ := x.GhostHits(0, chain(2, 40), x.Tick()); hits != 24 {
 		t.Fatalf("%d ghost hits after the rebuild, want the 24 drops kept", hits)
 	}
 }
@@ -98,15 +98,15 @@ func TestIndexGhostsTheBlocksItDropsForRoom(t *testing.T) {
 	x.SetGhosts(true)
 	first := chain(1, 6)
 	x.Insert(0, first) // keeps blocks 0-3; 4 and 5 dropped
-	if hits, since, capacity := x.GhostHits(0, first[4:]); hits != 2 || since != 1 || capacity != 4 {
+	if hits, since, capacity := x.GhostHits(0, first[4:], x.Tick()); hits != 2 || since != 1 || capacity != 4 {
 		t.Fatalf("skipped blocks: hits %d since %d capacity %d, want 2, 1, 4", hits, since, capacity)
 	}
 	x.Insert(0, chain(2, 4)) // evicts blocks 0-3
-	if hits, _, _ := x.GhostHits(0, first); hits != 6 {
+	if hits, _, _ := x.GhostHits(0, first, x.Tick()); hits != 6 {
 		t.Fatalf("after eviction: %d ghost hits, want 6", hits)
 	}
 	x.Insert(0, first[:2])
-	if hits, _, _ := x.GhostHits(0, first); hits != 4 {
+	if hits, _, _ := x.GhostHits(0, first, x.Tick()); hits != 4 {
 		t.Fatalf("blocks held again still counted: %d ghost hits, want 4", hits)
 	}
 
@@ -118,22 +118,22 @@ func TestIndexGhostsTheBlocksItDropsForRoom(t *testing.T) {
 	if evicted, _ := y.TrimOlder(0, stamp); evicted != 3 {
 		t.Fatalf("trim evicted %d, want 3", evicted)
 	}
-	if hits, _, _ := y.GhostHits(0, third); hits != 0 {
+	if hits, _, _ := y.GhostHits(0, third, y.Tick()); hits != 0 {
 		t.Fatalf("trimmed blocks counted as ghosts: %d", hits)
 	}
 
 	z := NewIndex(4)
 	z.Insert(0, first)
-	if hits, _, _ := z.GhostHits(0, first); hits != 0 {
+	if hits, _, _ := z.GhostHits(0, first, z.Tick()); hits != 0 {
 		t.Fatalf("index without ghosts: %d hits", hits)
 	}
 	z.SetGhost(0, true)
 	z.Insert(0, chain(4, 4))
-	if hits, _, _ := z.GhostHits(0, first); hits != 4 {
+	if hits, _, _ := z.GhostHits(0, first, z.Tick()); hits != 4 {
 		t.Fatalf("after SetGhost: %d hits, want 4", hits)
 	}
 	z.SetGhost(0, false)
-	if hits, _, _ := z.GhostHits(0, first); hits != 0 {
+	if hits, _, _ := z.GhostHits(0, first, z.Tick()); hits != 0 {
 		t.Fatalf("ghost turned off: %d hits", hits)
 	}
 }

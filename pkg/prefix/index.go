@@ -403,10 +403,19 @@ func (x *Index) GhostMatch(hashes []uint64, lens []int32) {
 	}
 }
 
+// Tick is the index's commit clock: a block committed later has a newer stamp.
+func (x *Index) Tick() uint32 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.tick
+}
+
 // GhostHits counts the blocks of hashes that endpoint slot's LRU dropped for want of room and
-// does not hold again, and returns, of the one dropped longest ago, how many drops came after
-// it; and the endpoint's capacity.
-func (x *Index) GhostHits(slot int, hashes []uint64) (hits, since, capacity int) {
+// did not hold at commit clock after (Tick): not held again, or committed again since — the
+// request that a report is about has its own blocks committed again at its first byte, before
+// the report comes, and they count. It returns, of the one dropped longest ago, how many drops
+// came after it; and the endpoint's capacity.
+func (x *Index) GhostHits(slot int, hashes []uint64, after uint32) (hits, since, capacity int) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if slot >= len(x.eps) || x.eps[slot] == nil || x.eps[slot].ghost == nil {
@@ -414,10 +423,15 @@ func (x *Index) GhostHits(slot int, hashes []uint64) (hits, since, capacity int)
 	}
 	l := x.eps[slot]
 	for _, h := range hashes {
-		if d, ok := l.ghostSince(h); ok {
-			hits++
-			since = max(since, d)
+		d, ok := l.ghost.since(h)
+		if !ok {
+			continue
 		}
+		if ni, held := l.byHash.get(h); held && int32(x.node(ni).stamp-after) <= 0 {
+			continue // held again before the pick: the index promised it, or could have
+		}
+		hits++
+		since = max(since, d)
 	}
 	return hits, since, l.capacity
 }

@@ -133,6 +133,7 @@ type state struct {
 	picked      *router.Endpoint
 	predicted   int    // leading blocks the index held there (pending records excluded)
 	predStamp   uint32 // the last of them: when the endpoint last used it, in commits
+	pickTick    uint32 // the index's commit clock at pick (GhostHits)
 	hasPredStmp bool
 }
 
