@@ -376,35 +376,25 @@ const (
 )
 
 // shrink lowers ep's learned capacity to kept index blocks: its server evicted a block that
-// the index had used no earlier than every entry it kept, so it keeps no more than those. The
-// endpoint is then bounded: other endpoints' growth no longer lifts it.
-func (c *capacities) shrink(ep *router.Endpoint, kept int) {
+// the index had used no earlier than every entry it kept, so it keeps no more than those; after
+// a large miss (its server lost most of what the index predicted, evidence.go) to largeMissCut
+// of them, since it then holds less than the trim kept. The endpoint is then bounded: other
+// endpoints' growth no longer lifts it.
+func (c *capacities) shrink(ep *router.Endpoint, kept int, largeMiss bool) {
 	if !c.learn {
 		return
 	}
+	share := 1.0
+	if largeMiss {
+		share = largeMissCut
+	}
 	c.mu.Lock()
-	changed := c.learnLocked(ep, func(cur, tpb float64) float64 { return min(cur, float64(max(kept, learnMinBlocks))*tpb) })
+	changed := c.learnLocked(ep, func(cur, tpb float64) float64 {
+		return min(cur, float64(max(kept, learnMinBlocks))*tpb) * share
+	})
 	if l := c.learned[ep]; l != nil {
 		l.bounded = l.bounded || changed
 		l.trimmed = true
-	}
-	c.mu.Unlock()
-	if changed {
-		c.kick()
-	}
-}
-
-// cut lowers ep's learned capacity to largeMissCut of it: its server lost most of what the index
-// predicted there, so it holds less than the trim kept (evidence.go). Like a trim, it bounds the
-// endpoint.
-func (c *capacities) cut(ep *router.Endpoint) {
-	if !c.learn {
-		return
-	}
-	c.mu.Lock()
-	changed := c.learnLocked(ep, func(cur, _ float64) float64 { return cur * largeMissCut })
-	if l := c.learned[ep]; l != nil && changed {
-		l.bounded, l.trimmed = true, true
 	}
 	c.mu.Unlock()
 	if changed {

@@ -449,17 +449,17 @@ func TestEndpointsWithoutEvidenceTakeThePoolsLearnedCapacity(t *testing.T) {
 			}
 		}
 	}
-	pl.caps.shrink(eps[0], 300)
+	pl.caps.shrink(eps[0], 300, false)
 	pl.caps.settle()
 	check("one endpoint learned", [4]int{300, 10000, 10000, 850})
-	pl.caps.shrink(eps[1], 500)
+	pl.caps.shrink(eps[1], 500, false)
 	pl.caps.settle()
 	check("two of three learned", [4]int{300, 500, 500, 850})
 
 	// Two learned, the larger above the configured figure: endpoint 2 keeps the configured one.
 	pl, eps = learnPlugin(t, 10000, true)
 	report(pl, eps[3], 1000, 16)
-	pl.caps.shrink(eps[0], 300)
+	pl.caps.shrink(eps[0], 300, false)
 	pl.caps.mu.Lock()
 	pl.caps.learnLocked(eps[1], func(_, tpb float64) float64 { return 20000 * tpb }) // no lift
 	pl.caps.mu.Unlock()
@@ -468,8 +468,8 @@ func TestEndpointsWithoutEvidenceTakeThePoolsLearnedCapacity(t *testing.T) {
 	check("a learned capacity above the configured one", [4]int{300, 20000, 10000, 850})
 
 	off, offEps := learnPlugin(t, 10000, false)
-	off.caps.shrink(offEps[0], 300)
-	off.caps.shrink(offEps[1], 500)
+	off.caps.shrink(offEps[0], 300, false)
+	off.caps.shrink(offEps[1], 500, false)
 	off.caps.settle()
 	if got := off.index.CapacityOf(2); got != 10000 {
 		t.Errorf("learnCapacity off: endpoint 2 capacity %d, want the configured 10000", got)

@@ -85,10 +85,7 @@ func (pl *Plugin) evidence(st *state, served *router.Endpoint, u openai.Usage) {
 		if pl.metrics != nil {
 			pl.metrics.observeTrim(served, evicted)
 		}
-		pl.caps.shrink(served, kept)
-		if found < float64(st.predicted)*largeMissShare {
-			pl.caps.cut(served)
-		}
+		pl.caps.shrink(served, kept, found < float64(st.predicted)*largeMissShare)
 		return
 	}
 	// The server found more than predicted. That alone says little (a multi-turn prompt
