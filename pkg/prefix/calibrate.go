@@ -69,6 +69,8 @@ type capacities struct {
 
 	// applied is told each endpoint's new capacity (metrics); nil: nobody listens.
 	applied func(ep *router.Endpoint, blocks int)
+	// floored is told each endpoint's new usage floor in usable tokens (metrics), under mu.
+	floored func(ep *router.Endpoint, tokens float64)
 
 	dirty, running atomic.Bool
 	idle           sync.Cond // signalled when a run ends (for tests), under mu
@@ -94,6 +96,9 @@ type learning struct {
 	tokens  float64 // usable tokens; 0: none learned yet (the applied capacity stands)
 	bounded bool    // last set by a trim: other endpoints' growth does not lift it
 	trimmed bool    // a trim has ever shrunk it
+	// floor is the least usable tokens its scraped KV usage shows the server has, lastBound the
+	// last scrape's bound (usagefloor.go); 0: none.
+	floor, lastBound float64
 }
 
 func newCapacities(x *Index, p Params) *capacities {
@@ -256,14 +261,17 @@ func (c *capacities) apply() {
 		n := defCap
 		if t := c.reported[e]; t > 0 {
 			n = c.blocksLocked(float64(t))
-		} else if l := c.learned[e]; l != nil && l.tokens > 0 {
-			n = c.blocksLocked(l.tokens)
+		} else if l := c.learned[e]; l != nil && (l.tokens > 0 || l.floor > 0) {
+			if l.tokens > 0 {
+				n = c.blocksLocked(l.tokens)
+			}
 			// The index holds reportedUsableShare of a reported size (the rest holds running
-			// requests' tokens), so what was learned for it is that share of the whole cache.
+			// requests' tokens), so what was learned for it is that share of the whole cache;
+			// the usage floor bounds it from below.
 			if e.Slot >= len(sizes) {
 				sizes = append(sizes, make([]learnedSize, e.Slot+1-len(sizes))...)
 			}
-			sizes[e.Slot] = learnedSize{e, l.tokens / reportedUsableShare}
+			sizes[e.Slot] = learnedSize{e, max(l.tokens, l.floor) / reportedUsableShare}
 		}
 		want = append(want, plan{e, n})
 		sum += n
@@ -356,8 +364,8 @@ func (c *capacities) poolLevelLocked() int {
 }
 
 // learnedTokens returns the KV cache size, in tokens, learned for ep from its server's
-// cached_tokens reports (learnCapacity), or 0 when ep reports its own size or no evidence has
-// touched it yet. Lock-free: it reads what apply last published.
+// cached_tokens reports and scraped KV usage (learnCapacity), or 0 when ep reports its own size
+// or no evidence has touched it yet. Lock-free: it reads what apply last published.
 func (c *capacities) learnedTokens(ep *router.Endpoint) float64 {
 	p := c.sizes.Load()
 	if p == nil || ep.Slot >= len(*p) || (*p)[ep.Slot].ep != ep {
@@ -389,8 +397,13 @@ func (c *capacities) shrink(ep *router.Endpoint, kept int, largeMiss bool) {
 		share = largeMissCut
 	}
 	c.mu.Lock()
+	least := 0.0
+	if l := c.learned[ep]; l != nil {
+		least = l.floor * usageFloorIndexShare
+	}
 	changed := c.learnLocked(ep, func(cur, tpb float64) float64 {
-		return min(cur, float64(max(kept, learnMinBlocks))*tpb) * share
+		// Never below what the scraped usage shows the server holds (usagefloor.go).
+		return max(min(cur, float64(max(kept, learnMinBlocks))*tpb)*share, least)
 	})
 	if l := c.learned[ep]; l != nil {
 		l.bounded = l.bounded || changed

@@ -10,7 +10,7 @@ type pluginMetrics struct {
 	predictedCached, reportedCached *prometheus.CounterVec
 	trims, trimmed                  *prometheus.CounterVec
 	grows, grown                    *prometheus.CounterVec
-	capacity                        *prometheus.GaugeVec
+	capacity, floor                 *prometheus.GaugeVec
 	hitBlocks, reqBlocks            prometheus.Counter
 	hitRatio                        prometheus.Histogram
 	serverPrompt, serverCached      prometheus.Counter
@@ -78,7 +78,11 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		Name: "kvpick_prefix_endpoint_capacity_blocks",
 		Help: "Capacity of an endpoint's share of the index, in index blocks: from its reported KV cache, learned from the evidence, or the default.",
 	}, []string{"endpoint"})
-	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown, m.capacity)
+	m.floor = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvpick_prefix_endpoint_usage_floor_tokens",
+		Help: "For an endpoint that reports no KV cache size: the usable tokens its cache holds at least, from the blocks the picker's requests running there reference over its reported KV usage.",
+	}, []string{"endpoint"})
+	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown, m.capacity, m.floor)
 	stat := func(name, help string, f func(Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return f(pl.index.Stats()) })
@@ -130,9 +134,14 @@ func (m *pluginMetrics) setCapacity(ep *router.Endpoint, blocks int) {
 	m.capacity.WithLabelValues(ep.Addr).Set(float64(blocks))
 }
 
+func (m *pluginMetrics) setFloor(ep *router.Endpoint, tokens float64) {
+	m.floor.WithLabelValues(ep.Addr).Set(tokens)
+}
+
 // forget drops a removed endpoint's series.
 func (m *pluginMetrics) forget(ep *router.Endpoint) {
 	m.capacity.DeleteLabelValues(ep.Addr)
+	m.floor.DeleteLabelValues(ep.Addr)
 	for _, v := range []*prometheus.CounterVec{m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown} {
 		v.DeleteLabelValues(ep.Addr)
 	}

@@ -86,11 +86,14 @@ type Plugin struct {
 	// (runningWanted), so that pipelines without one pay nothing for them.
 	running       *pendingSet
 	runningWanted atomic.Bool
-	now           func() time.Time
-	states        sync.Pool
-	metrics       *pluginMetrics
-	caps          *capacities
-	reuse         reuseRate
+	// owned holds, by endpoint that reports no cache size, the requests sent there that have
+	// not ended, for the usage floor (usagefloor.go).
+	owned   *ownedSet
+	now     func() time.Time
+	states  sync.Pool
+	metrics *pluginMetrics
+	caps    *capacities
+	reuse   reuseRate
 }
 
 var (
@@ -124,10 +127,11 @@ type state struct {
 	truncated bool // the prompt was longer than maxBlocksPerRequest
 	pending   pendingRecord
 	running   pendingRecord
-	runLens   []int32 // leading blocks requests running there share, by slot (lazily, per Score)
-	runDone   bool    // runLens is computed for the last Score
-	resolved  bool    // committed or dropped
-	streamed  bool    // the client asked for a stream: commit at the first byte
+	ownedOn   *router.Endpoint // where owned tracks the request; nil: nowhere
+	runLens   []int32          // leading blocks requests running there share, by slot (lazily, per Score)
+	runDone   bool             // runLens is computed for the last Score
+	resolved  bool             // committed or dropped
+	streamed  bool             // the client asked for a stream: commit at the first byte
 	served    *router.Endpoint
 	// What was predicted for the picked endpoint, for the server's evidence (evidence.go).
 	picked      *router.Endpoint
@@ -147,12 +151,14 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 		index:   NewIndex(p.LRUCapacityPerEndpoint),
 		pending: newPendingSet(p.PendingTTL.D()),
 		running: newPendingSet(runningTTL),
+		owned:   newOwnedSet(),
 		now:     time.Now,
 	}
 	pl.caps = newCapacities(pl.index, p)
 	pl.metrics = newPluginMetrics(pl, reg)
 	if pl.metrics != nil {
 		pl.caps.applied = pl.metrics.setCapacity
+		pl.caps.floored = pl.metrics.setFloor
 	}
 	return pl, nil
 }
@@ -275,6 +281,10 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 		st.running = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
 		pl.running.add(&st.running, now)
 	}
+	if pl.tracks(ep) {
+		st.ownedOn = ep
+		pl.owned.add(ep, st, st.hashes, req.PickSeq, now)
+	}
 	pl.recordPrediction(st, ep)
 }
 
@@ -303,6 +313,11 @@ func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, 
 // have retried on another), or drops it when the answer is an error: the request no longer
 // runs anywhere.
 func (pl *Plugin) runningOn(st *state, served *router.Endpoint, ok bool) {
+	if st.ownedOn != nil && (!ok || served != st.ownedOn) {
+		// Its pick number is that of the endpoint it was picked for: not tracked elsewhere.
+		pl.owned.remove(st.ownedOn, st)
+		st.ownedOn = nil
+	}
 	if st.running.ep == nil || (ok && served == st.running.ep) {
 		return
 	}
@@ -345,7 +360,11 @@ func (pl *Plugin) Usage(req *router.Request, served *router.Endpoint, u openai.U
 }
 
 // MetricsUpdated sizes the endpoint's share of the index from the KV cache its server reports.
-func (pl *Plugin) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) { pl.caps.metrics(ep, m) }
+// It also bounds from below the size of a cache whose server reports none (usagefloor.go).
+func (pl *Plugin) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) {
+	pl.caps.metrics(ep, m)
+	pl.usageFloor(ep, m)
+}
 
 // Done drops whatever the request still holds and recycles its state.
 func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
@@ -360,6 +379,10 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 	}
 	pl.pending.remove(&st.pending)
 	pl.running.remove(&st.running)
+	if st.ownedOn != nil {
+		pl.owned.remove(st.ownedOn, st)
+		st.ownedOn = nil
+	}
 	req.Set(stateKey, nil)
 	st.pending, st.running = pendingRecord{}, pendingRecord{}
 	st.picked, st.served = nil, nil
@@ -371,6 +394,7 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
 	for _, e := range removed {
 		pl.index.RemoveEndpoint(e.Slot)
+		pl.owned.forget(e)
 	}
 	pl.caps.endpoints(added, removed)
 	if pl.metrics != nil {

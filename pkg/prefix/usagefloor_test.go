@@ -1,0 +1,202 @@
+package prefix
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// pickOwned picks ep for a chat request with system as its system prompt and turn as its
+// question, as the pipeline does with pick number seq; it returns the request and its prompt's
+// blocks.
+func pickOwned(t *testing.T, pl *Plugin, eps []*router.Endpoint, ep *router.Endpoint, system, turn string, seq int64) (*router.Request, int) {
+	t.Helper()
+	req := chatRequest(t, system, turn)
+	pl.Prepare(context.Background(), req)
+	scores(pl, req, eps)
+	req.PickSeq = seq
+	pl.Picked(req, ep)
+	return req, MatchesOf(req).Total
+}
+
+// scrapeUsage publishes a scrape of ep reporting usage (no cache size unless blocks > 0).
+func scrapeUsage(pl *Plugin, ep *router.Endpoint, usage float64, blocks int) {
+	m := &router.Metrics{KVUsage: usage, HasKVUsage: true}
+	if blocks > 0 {
+		m.NumGPUBlocks, m.BlockSize = blocks, 16
+	}
+	ep.SetMetrics(m)
+	pl.MetricsUpdated(ep, m)
+	pl.caps.settle()
+}
+
+// TestUsageFloorSizesAServerThatReportsNoSize: the blocks that the picker's requests past their
+// prefill reference on an endpoint, over the KV usage its server reports, bound its cache from
+// below; the bound sizes the endpoint for kv-fit and lifts its index capacity to 70% of it.
+func TestUsageFloorSizesAServerThatReportsNoSize(t *testing.T) {
+	const tpb = 16 // tokens per 64-byte block at the assumed 4 bytes per token
+	cases := []struct {
+		name      string
+		learn     bool
+		prompts   []string  // system prompts of the requests picked on endpoint 0, pick numbers 1..n
+		sameFirst bool      // every prompt shares its first blocks (one system prompt, other questions)
+		through   int64     // PrefilledThrough of endpoint 0
+		ended     bool      // every request's stream ended before the scrapes
+		usages    []float64 // scrapes of endpoint 0
+		reported  int       // num_gpu_blocks the server reports (0: none)
+		wantUsage float64   // the usage the floor is taken at (0: no floor)
+	}{
+		{"two scrapes at 25%: the blocks over the usage", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.25, 0.25}, 0, 0.25},
+		{"the smaller of the last two bounds counts", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.2, 0.4}, 0, 0.4},
+		{"a floor only rises", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.2, 0.2, 0.5, 0.5}, 0, 0.2},
+		{"one scrape alone sets nothing", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.25}, 0, 0},
+		{"requests still in their prefill count for nothing", true, []string{"a", "b", "c"}, false, 0, false, []float64{0.25, 0.25}, 0, 0},
+		{"only the requests past their prefill count", true, []string{"a", "b", "c"}, false, 1, false, []float64{0.25, 0.25}, 0, 0.25},
+		{"prompts with one first block count as the longest", true, []string{"a", "b", "c"}, true, 3, false, []float64{0.25, 0.25}, 0, 0.25},
+		{"ended requests count for nothing", true, []string{"a", "b", "c"}, false, 3, true, []float64{0.25, 0.25}, 0, 0},
+		{"a nearly idle cache tells nothing", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.04, 0.04}, 0, 0},
+		{"a server that reports its size is sized by it", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.25, 0.25}, 1000, 0},
+		{"learning off", false, []string{"a", "b", "c"}, false, 3, false, []float64{0.25, 0.25}, 0, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pl, eps := learnPlugin(t, 100, tc.learn)
+			ep := eps[0]
+			if tc.reported > 0 {
+				scrapeUsage(pl, ep, 0, tc.reported)
+			}
+			var reqs []*router.Request
+			var lens []int
+			for i, p := range tc.prompts {
+				system, turn := p+" "+longSystem, "q"
+				if tc.sameFirst {
+					system, turn = longSystem, p+" "+longSystem
+				}
+				req, n := pickOwned(t, pl, eps, ep, system, turn, int64(i+1))
+				reqs, lens = append(reqs, req), append(lens, n)
+			}
+			ep.SetPrefilledThrough(tc.through)
+			if tc.ended {
+				for _, r := range reqs {
+					pl.Done(r, ep)
+				}
+			}
+			for _, u := range tc.usages {
+				scrapeUsage(pl, ep, u, tc.reported)
+			}
+			// What the floor should count: the prompts past their prefill, the longest once
+			// when they share their first block.
+			own := 0
+			for i, n := range lens {
+				if int64(i+1) > tc.through {
+					continue
+				}
+				if tc.sameFirst {
+					own = max(own, n)
+				} else {
+					own += n
+				}
+			}
+			got := pl.caps.learnedTokens(ep)
+			if tc.wantUsage == 0 {
+				if got != 0 {
+					t.Fatalf("learned size %.0f tokens, want none", got)
+				}
+				if c := pl.index.CapacityOf(ep.Slot); tc.reported == 0 && c != 100 {
+					t.Fatalf("index capacity %d, want the configured 100", c)
+				}
+				return
+			}
+			want := float64(own) * tpb / tc.wantUsage
+			if math.Abs(got-want) > 1 {
+				t.Fatalf("learned size %.0f tokens, want %.0f (%d blocks of %d tokens over %.2f)", got, want, own, tpb, tc.wantUsage)
+			}
+			wantCap := int(math.Round(want * reportedUsableShare * usageFloorIndexShare / tpb))
+			if c := pl.index.CapacityOf(ep.Slot); c != max(wantCap, 100) {
+				t.Fatalf("index capacity %d, want %d (70%% of the usable floor, at least the configured 100)", c, max(wantCap, 100))
+			}
+			if c := pl.index.CapacityOf(eps[1].Slot); c != 100 {
+				t.Fatalf("endpoint 1 (no scrape) capacity %d, want 100", c)
+			}
+		})
+	}
+}
+
+// TestATrimDoesNotCutBelowTheUsageFloor: a server that lost every block predicted trims and
+// cuts the learned capacity, but not below the share of its usage floor.
+func TestATrimDoesNotCutBelowTheUsageFloor(t *testing.T) {
+	for _, withFloor := range []bool{false, true} {
+		t.Run(fmt.Sprintf("floor=%v", withFloor), func(t *testing.T) {
+			pl, eps := learnPlugin(t, 1000, true)
+			ep := eps[0]
+			prompts := make([]string, 6)
+			for i := range prompts {
+				prompts[i] = fmt.Sprintf("prompt %d ", i) + longSystem
+			}
+			floorBlocks := 0
+			if withFloor {
+				// Three requests of ~20 blocks at 10% usage: a cache of ~9,600 tokens.
+				for i := range 3 {
+					_, n := pickOwned(t, pl, eps, ep, fmt.Sprintf("running %d ", i)+longSystem, "q", int64(i+1))
+					floorBlocks += n
+				}
+				ep.SetPrefilledThrough(3)
+				scrapeUsage(pl, ep, 0.1, 0)
+				scrapeUsage(pl, ep, 0.1, 0)
+			}
+			for _, p := range prompts {
+				serve(t, pl, eps, ep, p, -1)
+			}
+			for range 10 {
+				serve(t, pl, eps, ep, prompts[0], 0) // predicted, and the server had nothing
+			}
+			least := int(math.Round(float64(floorBlocks) / 0.1 * reportedUsableShare * usageFloorIndexShare))
+			got := pl.index.CapacityOf(ep.Slot)
+			if withFloor && got != least {
+				t.Fatalf("capacity %d blocks after repeated large misses, want the floor's share %d", got, least)
+			}
+			if !withFloor && got >= 1000/2 {
+				t.Fatalf("capacity %d blocks after repeated large misses without a floor, want far below 1,000", got)
+			}
+		})
+	}
+}
+
+// TestOwnedBlocksCountsEachFirstBlockOnce: the lower bound on the blocks an endpoint's
+// requests reference counts, per first block, the longest prompt past its prefill, and forgets
+// an endpoint that left.
+func TestOwnedBlocksCountsEachFirstBlockOnce(t *testing.T) {
+	ep := router.NewEndpoint("10.0.0.1:8000", 0)
+	other := router.NewEndpoint("10.0.0.2:8000", 1)
+	o := newOwnedSet()
+	now := time.Now()
+	sts := make([]*state, 5)
+	for i := range sts {
+		sts[i] = &state{}
+	}
+	o.add(ep, sts[0], chain(1, 10), 1, now)
+	o.add(ep, sts[1], chain(1, 30), 2, now) // shares the first block: the longest counts
+	o.add(ep, sts[2], chain(2, 5), 3, now)
+	o.add(ep, sts[3], chain(3, 50), 4, now) // still in its prefill
+	o.add(other, sts[4], chain(4, 70), 1, now)
+	ep.SetPrefilledThrough(3)
+	if got := o.blocks(ep, now); got != 35 {
+		t.Fatalf("blocks %d, want 35 (30 for the group of first block 1, 5)", got)
+	}
+	o.remove(ep, sts[1])
+	if got := o.blocks(ep, now); got != 15 {
+		t.Fatalf("blocks %d after the longest ended, want 15", got)
+	}
+	if got := o.blocks(ep, now.Add(runningTTL+1)); got != 0 {
+		t.Fatalf("blocks %d past runningTTL, want 0", got)
+	}
+	o.forget(other)
+	other.SetPrefilledThrough(1)
+	if got := o.blocks(other, now); got != 0 {
+		t.Fatalf("blocks %d of a forgotten endpoint, want 0", got)
+	}
+}
