@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,21 +47,23 @@ func TestUsageFloorSizesAServerThatReportsNoSize(t *testing.T) {
 		sameFirst bool      // every prompt shares its first blocks (one system prompt, other questions)
 		through   int64     // PrefilledThrough of endpoint 0
 		ended     bool      // every request's stream ended before the scrapes
+		elsewhere bool      // every request was answered by endpoint 1 (the proxy retried there)
 		usages    []float64 // scrapes of endpoint 0
 		reported  int       // num_gpu_blocks the server reports (0: none)
 		wantUsage float64   // the usage the floor is taken at (0: no floor)
 	}{
-		{"two scrapes at 25%: the blocks over the usage", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.25, 0.25}, 0, 0.25},
-		{"the smaller of the last two bounds counts", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.2, 0.4}, 0, 0.4},
-		{"a floor only rises", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.2, 0.2, 0.5, 0.5}, 0, 0.2},
-		{"one scrape alone sets nothing", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.25}, 0, 0},
-		{"requests still in their prefill count for nothing", true, []string{"a", "b", "c"}, false, 0, false, []float64{0.25, 0.25}, 0, 0},
-		{"only the requests past their prefill count", true, []string{"a", "b", "c"}, false, 1, false, []float64{0.25, 0.25}, 0, 0.25},
-		{"prompts with one first block count as the longest", true, []string{"a", "b", "c"}, true, 3, false, []float64{0.25, 0.25}, 0, 0.25},
-		{"ended requests count for nothing", true, []string{"a", "b", "c"}, false, 3, true, []float64{0.25, 0.25}, 0, 0},
-		{"a nearly idle cache tells nothing", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.04, 0.04}, 0, 0},
-		{"a server that reports its size is sized by it", true, []string{"a", "b", "c"}, false, 3, false, []float64{0.25, 0.25}, 1000, 0},
-		{"learning off", false, []string{"a", "b", "c"}, false, 3, false, []float64{0.25, 0.25}, 0, 0},
+		{"two scrapes at 25%: the blocks over the usage", true, []string{"a", "b", "c"}, false, 3, false, false, []float64{0.25, 0.25}, 0, 0.25},
+		{"the smaller of the last two bounds counts", true, []string{"a", "b", "c"}, false, 3, false, false, []float64{0.2, 0.4}, 0, 0.4},
+		{"a floor only rises", true, []string{"a", "b", "c"}, false, 3, false, false, []float64{0.2, 0.2, 0.5, 0.5}, 0, 0.2},
+		{"one scrape alone sets nothing", true, []string{"a", "b", "c"}, false, 3, false, false, []float64{0.25}, 0, 0},
+		{"requests still in their prefill count for nothing", true, []string{"a", "b", "c"}, false, 0, false, false, []float64{0.25, 0.25}, 0, 0},
+		{"only the requests past their prefill count", true, []string{"a", "b", "c"}, false, 1, false, false, []float64{0.25, 0.25}, 0, 0.25},
+		{"prompts with one first block count as the longest", true, []string{"a", "b", "c"}, true, 3, false, false, []float64{0.25, 0.25}, 0, 0.25},
+		{"ended requests count for nothing", true, []string{"a", "b", "c"}, false, 3, true, false, []float64{0.25, 0.25}, 0, 0},
+		{"requests another endpoint answered count for nothing", true, []string{"a", "b", "c"}, false, 3, false, true, []float64{0.25, 0.25}, 0, 0},
+		{"a nearly idle cache tells nothing", true, []string{"a", "b", "c"}, false, 3, false, false, []float64{0.04, 0.04}, 0, 0},
+		{"a server that reports its size is sized by it", true, []string{"a", "b", "c"}, false, 3, false, false, []float64{0.25, 0.25}, 1000, 0},
+		{"learning off", false, []string{"a", "b", "c"}, false, 3, false, false, []float64{0.25, 0.25}, 0, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,6 +86,17 @@ func TestUsageFloorSizesAServerThatReportsNoSize(t *testing.T) {
 			if tc.ended {
 				for _, r := range reqs {
 					pl.Done(r, ep)
+				}
+			}
+			if tc.elsewhere {
+				for _, r := range reqs {
+					pl.ResponseHeaders(r, eps[1], 200)
+				}
+				eps[1].SetPrefilledThrough(tc.through)
+				scrapeUsage(pl, eps[1], 0.25, 0)
+				scrapeUsage(pl, eps[1], 0.25, 0)
+				if got := pl.caps.learnedTokens(eps[1]); got != 0 {
+					t.Fatalf("endpoint 1 learned %.0f tokens from requests picked for endpoint 0, want none (their pick numbers are endpoint 0's)", got)
 				}
 			}
 			for _, u := range tc.usages {
@@ -198,5 +212,51 @@ func TestOwnedBlocksCountsEachFirstBlockOnce(t *testing.T) {
 	other.SetPrefilledThrough(1)
 	if got := o.blocks(other, now); got != 0 {
 		t.Fatalf("blocks %d of a forgotten endpoint, want 0", got)
+	}
+}
+
+// TestUsageFloorUnderConcurrentRequestsAndScrapes: requests picked and ended on several
+// goroutines while the scraper's goroutine takes the floor (run with -race); every tracked
+// request is gone once every stream ended.
+func TestUsageFloorUnderConcurrentRequestsAndScrapes(t *testing.T) {
+	pl, eps := learnPlugin(t, 100, true)
+	done := make(chan struct{})
+	scraped := make(chan struct{})
+	go func() {
+		defer close(scraped)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			for _, e := range eps {
+				m := &router.Metrics{KVUsage: 0.5, HasKVUsage: true}
+				e.SetMetrics(m)
+				pl.MetricsUpdated(e, m)
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				ep := eps[(g+i)%len(eps)]
+				req, _ := pickOwned(t, pl, eps, ep, fmt.Sprintf("g%d r%d ", g, i)+longSystem, "q", int64(i+1))
+				ep.SetPrefilledThrough(int64(i + 1))
+				pl.ResponseHeaders(req, ep, 200)
+				pl.Done(req, ep)
+			}
+		}()
+	}
+	wg.Wait()
+	close(done)
+	<-scraped
+	for _, e := range eps {
+		if n := pl.owned.blocks(e, time.Now()); n != 0 {
+			t.Fatalf("endpoint %d: %d blocks tracked after every stream ended, want 0", e.Slot, n)
+		}
 	}
 }
