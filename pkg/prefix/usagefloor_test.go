@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/router"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // pickOwned picks ep for a chat request with system as its system prompt and turn as its
@@ -258,5 +261,34 @@ func TestUsageFloorUnderConcurrentRequestsAndScrapes(t *testing.T) {
 		if n := pl.owned.blocks(e, time.Now()); n != 0 {
 			t.Fatalf("endpoint %d: %d blocks tracked after every stream ended, want 0", e.Slot, n)
 		}
+	}
+}
+
+// TestUsageFloorIsExportedPerEndpoint: kvpick_prefix_endpoint_usage_floor_tokens shows each
+// endpoint's floor, and its series goes with the endpoint.
+func TestUsageFloorIsExportedPerEndpoint(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p := Params{LRUCapacityPerEndpoint: 100, CapacityFromMetrics: true, LearnCapacity: true,
+		BlockSize: 64, MaxBlocksPerRequest: 1000, MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute),
+		CalibrateCapacity: true, EvictionEvidence: true}
+	pl, err := New(p, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := []*router.Endpoint{router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1)}
+	pl.EndpointsChanged(eps, nil)
+	_, n := pickOwned(t, pl, eps, eps[0], longSystem, "q", 1)
+	eps[0].SetPrefilledThrough(1)
+	scrapeUsage(pl, eps[0], 0.5, 0)
+	scrapeUsage(pl, eps[0], 0.5, 0)
+	want := float64(n) * 16 / 0.5 * reportedUsableShare
+	if got := testutil.ToFloat64(pl.metrics.floor.WithLabelValues("10.0.0.1:8000")); math.Abs(got-want) > 1e-6 {
+		t.Fatalf("exported floor %.1f tokens, want %.1f", got, want)
+	}
+	eps[0].MarkRemoved()
+	pl.EndpointsChanged(nil, eps[:1])
+	pl.caps.settle()
+	if c := testutil.CollectAndCount(pl.metrics.floor); c != 0 {
+		t.Fatalf("%d floor series after the endpoint left, want 0", c)
 	}
 }
