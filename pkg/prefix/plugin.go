@@ -281,6 +281,10 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 		st.running = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
 		pl.running.add(&st.running, now)
 	}
+	if st.ownedOn != nil { // picked again: tracked where it goes now
+		pl.owned.remove(st.ownedOn, st)
+		st.ownedOn = nil
+	}
 	if pl.tracks(ep) {
 		st.ownedOn = ep
 		pl.owned.add(ep, st, st.hashes, req.PickSeq, now)

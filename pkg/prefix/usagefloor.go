@@ -47,7 +47,7 @@ const (
 type ownedSet struct {
 	mu      sync.Mutex
 	byEp    map[*router.Endpoint]map[*state]ownedRec
-	scratch []ownedRec
+	scratch sync.Pool // *[]ownedRec, for blocks
 }
 
 type ownedRec struct {
@@ -62,7 +62,7 @@ func newOwnedSet() *ownedSet { return &ownedSet{byEp: map[*router.Endpoint]map[*
 // add tracks st's request on ep until remove, or until runningTTL has passed (a request whose
 // end the picker never saw, like a running record).
 func (o *ownedSet) add(ep *router.Endpoint, st *state, hashes []uint64, seq int64, now time.Time) {
-	if len(hashes) == 0 {
+	if len(hashes) == 0 || ep.Removed() {
 		return
 	}
 	o.mu.Lock()
@@ -79,6 +79,11 @@ func (o *ownedSet) remove(ep *router.Endpoint, st *state) {
 	o.mu.Lock()
 	if m := o.byEp[ep]; m != nil {
 		delete(m, st)
+		// An endpoint that left between add's check and forget: its map goes with its last
+		// request.
+		if len(m) == 0 && ep.Removed() {
+			delete(o.byEp, ep)
+		}
 	}
 	o.mu.Unlock()
 }
@@ -94,9 +99,15 @@ func (o *ownedSet) forget(ep *router.Endpoint) {
 // group with the same first block. It drops the expired records it meets.
 func (o *ownedSet) blocks(ep *router.Endpoint, now time.Time) int {
 	through := ep.PrefilledThrough()
+	buf, _ := o.scratch.Get().(*[]ownedRec)
+	if buf == nil {
+		buf = new([]ownedRec)
+	}
+	defer o.scratch.Put(buf)
+	// Only the copy under the lock, which every pick and stream end to such endpoints takes;
+	// the grouping after it.
+	recs := (*buf)[:0]
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	recs := o.scratch[:0]
 	m := o.byEp[ep]
 	for st, r := range m {
 		if now.After(r.expires) {
@@ -107,7 +118,8 @@ func (o *ownedSet) blocks(ep *router.Endpoint, now time.Time) int {
 			recs = append(recs, r)
 		}
 	}
-	o.scratch = recs
+	o.mu.Unlock()
+	*buf = recs
 	slices.SortFunc(recs, func(a, b ownedRec) int { return cmp.Compare(a.first, b.first) })
 	n := 0
 	for i := 0; i < len(recs); {

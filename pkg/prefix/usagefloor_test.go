@@ -216,6 +216,16 @@ func TestOwnedBlocksCountsEachFirstBlockOnce(t *testing.T) {
 	if got := o.blocks(other, now); got != 0 {
 		t.Fatalf("blocks %d of a forgotten endpoint, want 0", got)
 	}
+	// An endpoint that left tracks nothing new, and what it still tracked goes with its last
+	// request.
+	ep.MarkRemoved()
+	o.add(ep, &state{}, chain(5, 5), 5, now)
+	for _, st := range sts[:4] {
+		o.remove(ep, st)
+	}
+	if _, ok := o.byEp[ep]; ok || len(o.byEp) != 0 {
+		t.Fatalf("%d endpoints tracked after the removed one's last request ended, want 0", len(o.byEp))
+	}
 }
 
 // TestUsageFloorUnderConcurrentRequestsAndScrapes: requests picked and ended on several
