@@ -43,15 +43,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./pkg/runner ./pkg/prefix ./pkg/openai ./pkg/extproc ./pkg/scrape
 
 ## fuzz: run every fuzz target of the repository (func Fuzz* in a _test.go file) for FUZZTIME
-## each (default 60s); go test fuzzes one target of one package at a time
+## each (default 60s); go test fuzzes one target of one package at a time. hack/fuzz.sh passes a
+## run whose only failure is Go 1.26's -fuzztime deadline race (go.dev/issue/75804).
 FUZZTIME ?= 60s
 fuzz:
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg internal config cmd); do \
-	  for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
-	    echo "fuzz $$t in ./$$(dirname $$f) for $(FUZZTIME)"; \
-	    $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f); \
-	  done; \
-	done
+	@GO='$(GO)' sh hack/fuzz.sh $(FUZZTIME)
 
 ## fuzz-ci: every fuzz target for 15s each (make test runs it; the seeds and corpora under
 ## testdata/fuzz also run as plain tests in every go test)
