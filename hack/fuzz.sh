@@ -9,7 +9,6 @@
 set -u
 GO=${GO:-go}
 FUZZTIME=${1:-60s}
-status=0
 for f in $(grep -rl --include='*_test.go' '^func Fuzz' pkg internal config cmd); do
   for t in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f"); do
     dir=./$(dirname "$f")
@@ -23,12 +22,10 @@ for f in $(grep -rl --include='*_test.go' '^func Fuzz' pkg internal config cmd);
         ! grep -q 'Failing input written' "$log" && ! grep -q '^panic:' "$log"; then
         echo "fuzz $t: only the fuzz coordinator's deadline race (go.dev/issue/75804), no failing input: passed"
       else
-        status=1
         rm -f "$log"
-        exit "$status"
+        exit 1
       fi
     fi
     rm -f "$log"
   done
 done
-exit "$status"

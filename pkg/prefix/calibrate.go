@@ -451,29 +451,40 @@ func (c *capacities) grow(ep *router.Endpoint, blocks, atLeast int) {
 // within the bounds, unless its server reports its own; it reports a change. A live endpoint
 // without a report has its learning record afterwards, changed or not.
 func (c *capacities) learnLocked(ep *router.Endpoint, f func(cur, tpb float64) float64) bool {
-	applied, live := c.live[ep]
-	if !live || c.reported[ep] > 0 {
+	if _, live := c.live[ep]; !live || c.reported[ep] > 0 {
 		return false
 	}
-	l := c.learned[ep]
-	if l == nil {
-		l = &learning{}
-		c.learned[ep] = l
-	}
+	l := c.learningLocked(ep)
 	tpb := float64(c.blockSize) / c.bytesPerToken
-	cur := l.tokens
-	if cur == 0 {
-		if applied == 0 {
-			applied = c.defaultCap
-		}
-		cur = float64(applied) * tpb
-	}
-	t := min(max(f(cur, tpb), learnMinBlocks*tpb), c.configuredTokens()*learnMaxFactor)
+	t := min(max(f(c.currentLocked(ep, l), tpb), learnMinBlocks*tpb), c.configuredTokens()*learnMaxFactor)
 	if t == l.tokens {
 		return false
 	}
 	l.tokens = t
 	return true
+}
+
+// learningLocked returns ep's learning record, made if it has none.
+func (c *capacities) learningLocked(ep *router.Endpoint) *learning {
+	l := c.learned[ep]
+	if l == nil {
+		l = &learning{}
+		c.learned[ep] = l
+	}
+	return l
+}
+
+// currentLocked is ep's capacity in usable tokens: what was learned (l.tokens), else the
+// capacity applied to it, else the default.
+func (c *capacities) currentLocked(ep *router.Endpoint, l *learning) float64 {
+	if l.tokens > 0 {
+		return l.tokens
+	}
+	applied := c.live[ep]
+	if applied == 0 {
+		applied = c.defaultCap
+	}
+	return float64(applied) * float64(c.blockSize) / c.bytesPerToken
 }
 
 // usage calibrates the index's capacity from the server's prompt_tokens for a prompt the picker

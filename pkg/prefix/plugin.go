@@ -281,10 +281,7 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 		st.running = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
 		pl.running.add(&st.running, now)
 	}
-	if st.ownedOn != nil { // picked again: tracked where it goes now
-		pl.owned.remove(st.ownedOn, st)
-		st.ownedOn = nil
-	}
+	pl.untrack(st) // picked again: tracked where it goes now
 	if pl.tracks(ep) {
 		st.ownedOn = ep
 		pl.owned.add(ep, st, st.hashes, req.PickSeq, now)
@@ -317,10 +314,9 @@ func (pl *Plugin) ResponseHeaders(req *router.Request, served *router.Endpoint, 
 // have retried on another), or drops it when the answer is an error: the request no longer
 // runs anywhere.
 func (pl *Plugin) runningOn(st *state, served *router.Endpoint, ok bool) {
-	if st.ownedOn != nil && (!ok || served != st.ownedOn) {
+	if !ok || served != st.ownedOn {
 		// Its pick number is that of the endpoint it was picked for: not tracked elsewhere.
-		pl.owned.remove(st.ownedOn, st)
-		st.ownedOn = nil
+		pl.untrack(st)
 	}
 	if st.running.ep == nil || (ok && served == st.running.ep) {
 		return
@@ -383,10 +379,7 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 	}
 	pl.pending.remove(&st.pending)
 	pl.running.remove(&st.running)
-	if st.ownedOn != nil {
-		pl.owned.remove(st.ownedOn, st)
-		st.ownedOn = nil
-	}
+	pl.untrack(st)
 	req.Set(stateKey, nil)
 	st.pending, st.running = pendingRecord{}, pendingRecord{}
 	st.picked, st.served = nil, nil

@@ -142,6 +142,14 @@ func (pl *Plugin) tracks(ep *router.Endpoint) bool {
 	return m == nil || m.CapacityTokens() <= 0
 }
 
+// untrack ends the tracking of st's request, if any.
+func (pl *Plugin) untrack(st *state) {
+	if st.ownedOn != nil {
+		pl.owned.remove(st.ownedOn, st)
+		st.ownedOn = nil
+	}
+}
+
 // usageFloor bounds ep's cache size from below by the usage its scrape reported.
 func (pl *Plugin) usageFloor(ep *router.Endpoint, m *router.Metrics) {
 	if !pl.caps.learn || m == nil || !m.HasKVUsage || m.CapacityTokens() > 0 ||
@@ -161,16 +169,11 @@ func (pl *Plugin) usageFloor(ep *router.Endpoint, m *router.Metrics) {
 // end not yet seen by the picker) cannot set the floor alone; a floor only rises.
 func (c *capacities) floor(ep *router.Endpoint, bound float64) {
 	c.mu.Lock()
-	applied, live := c.live[ep]
-	if !live || c.reported[ep] > 0 {
+	if _, live := c.live[ep]; !live || c.reported[ep] > 0 {
 		c.mu.Unlock()
 		return
 	}
-	l := c.learned[ep]
-	if l == nil {
-		l = &learning{}
-		c.learned[ep] = l
-	}
+	l := c.learningLocked(ep)
 	f := min(bound, l.lastBound, c.configuredTokens()*learnMaxFactor)
 	l.lastBound = bound
 	changed := false
@@ -181,15 +184,10 @@ func (c *capacities) floor(ep *router.Endpoint, bound float64) {
 		}
 	}
 	// The index's share, checked on every bound: the default capacity an endpoint without
-	// learned tokens follows can fall below it after the floor was set.
-	cur := l.tokens
-	if cur == 0 {
-		if applied == 0 {
-			applied = c.defaultCap
-		}
-		cur = float64(applied) * float64(c.blockSize) / c.bytesPerToken
-	}
-	if idx := l.floor * usageFloorIndexShare; idx > cur {
+	// learned tokens follows can fall below it after the floor was set. Only a capacity below
+	// it is raised: learning one at or above it would mark the endpoint learned and keep the
+	// pool's learned level from lowering it.
+	if idx := l.floor * usageFloorIndexShare; idx > c.currentLocked(ep, l) {
 		changed = c.learnLocked(ep, func(cur, _ float64) float64 { return max(cur, idx) }) || changed
 	}
 	c.mu.Unlock()
