@@ -47,6 +47,10 @@ type Params struct {
 	// the same reports: the entries left after an eviction trim bound it from above, a hit on
 	// a block the index had dropped for want of room shows it too small (evidence.go).
 	LearnCapacity bool `json:"learnCapacity"`
+	// ReplicateHotPrefixes lets load spread a prefix that more than two endpoints' share of the
+	// recent traffic starts with over as many endpoints (hot.go), instead of pulling it to the
+	// few that hold it.
+	ReplicateHotPrefixes bool `json:"replicateHotPrefixes"`
 }
 
 // Validate names the first bad field.
@@ -94,6 +98,8 @@ type Plugin struct {
 	metrics *pluginMetrics
 	caps    *capacities
 	reuse   reuseRate
+	// hot counts the traffic's shared prefixes (ReplicateHotPrefixes; nil when off).
+	hot *hotPrefixes
 }
 
 var (
@@ -155,6 +161,9 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 		now:     time.Now,
 	}
 	pl.caps = newCapacities(pl.index, p)
+	if p.ReplicateHotPrefixes {
+		pl.hot = newHotPrefixes()
+	}
 	pl.metrics = newPluginMetrics(pl, reg)
 	if pl.metrics != nil {
 		pl.caps.applied = pl.metrics.setCapacity
@@ -245,6 +254,13 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 		}
 		scores[i] = float64(m) / total
 	}
+	if pl.hot != nil {
+		if d := pl.hot.underReplicated(st.hashes, minMatch, st.lens, eps); d > 0 {
+			for i := range eps {
+				scores[i] = max(scores[i], float64(d)/total)
+			}
+		}
+	}
 	st.reuse = pl.reuse.observe(float64(best) / total)
 	st.tpb = pl.caps.tokensPerBlock()
 }
@@ -273,6 +289,9 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 			}
 		}
 		pl.metrics.observe(hit, len(st.hashes))
+	}
+	if pl.hot != nil {
+		pl.hot.add(st.hashes, max(pl.p.MinMatchBlocks, 1))
 	}
 	now := pl.now()
 	st.pending = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}

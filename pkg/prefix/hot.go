@@ -1,0 +1,110 @@
+package prefix
+
+import (
+	"sync"
+
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+// A prefix that a large share of the traffic starts with (one system prompt in front of every
+// request) needs copies on several endpoints: one endpoint cannot carry all of that traffic, and
+// the affinity pull toward the endpoints that already hold it would keep the rest of the pool
+// cold and the holders' batches large. Below the load guard's margins that pull wins against
+// the in-flight scorer for ever (replay, small caches, one hot prefix: half the engines served
+// every request, TTFT p50 and p90 7% above least-loaded's). Warming another copy costs one cold
+// prefill, once; the copy then serves its share of the hot traffic.
+//
+// hotPrefixes counts, in a count-min sketch of decayed weights, the prompts that began with
+// each prefix at a few sampled depths (minMatch blocks, then doubling): the share of the
+// recent requests that a prefix carries says how many of the candidates should hold it:
+// share × candidates, rounded down, so a prefix needs a second copy once one endpoint would
+// carry twice its fair share of the traffic (the load guard's relative margin). While fewer
+// do, the prefix is under-replicated and the prefix scorer credits every candidate with it:
+// the endpoints that hold more of the prompt than that prefix still draw it (a conversation's
+// own turns, an agent's own steps), but the shared part no longer decides, so load does. A
+// prefix shared by a group among dozens (shared system prompts, multi-turn personas) carries
+// less than two endpoints' share and keeps its pull. Rounding to the nearest instead made the
+// multi-turn personas' system prompts (8 of them, unevenly drawn) want two copies: multi-turn
+// TTFT p90 +5% on the tuning seeds, 2 of 6 worse (docs/benchmarks.md, "Hot prefixes").
+const (
+	hotWidth = 4096 // cells per sketch row: 64 KiB for both rows
+	// hotDecay weighs the last ~1,000 requests, like the prefill scorer's mean work.
+	hotDecay = 1.0 / 1024
+	// hotMinRequests: below this many requests seen, a share says nothing.
+	hotMinRequests = 64
+	// hotRescale bounds the growing weights: beyond it all are divided back.
+	hotRescale = 1e12
+)
+
+type hotPrefixes struct {
+	mu    sync.Mutex
+	rows  [2][hotWidth]float64
+	total float64 // the sum of the weights added, one per request
+	w     float64 // the next request's weight: it grows by hotDecay per request
+	n     int     // requests seen, up to hotMinRequests
+}
+
+func newHotPrefixes() *hotPrefixes { return &hotPrefixes{w: 1} }
+
+// cells returns h's cell in each row: the hashes are XXH3, so their bit ranges are independent.
+func hotCells(h uint64) (int, int) { return int(h % hotWidth), int((h >> 32) % hotWidth) }
+
+// add counts one routed prompt under each of its sampled prefixes.
+func (hp *hotPrefixes) add(hashes []uint64, minMatch int) {
+	hp.mu.Lock()
+	defer hp.mu.Unlock()
+	w := hp.w
+	for d := minMatch; d <= len(hashes); d *= 2 {
+		a, b := hotCells(hashes[d-1])
+		hp.rows[0][a] += w
+		hp.rows[1][b] += w
+	}
+	hp.total += w
+	hp.n = min(hp.n+1, hotMinRequests)
+	hp.w *= 1 + hotDecay
+	if hp.w > hotRescale {
+		for r := range hp.rows {
+			for i := range hp.rows[r] {
+				hp.rows[r][i] /= hp.w
+			}
+		}
+		hp.total /= hp.w
+		hp.w = 1
+	}
+}
+
+// underReplicated returns how many leading blocks of the prompt to credit every candidate
+// with: 0, or, where a sampled prefix of d blocks is held (lens, by slot) by fewer candidates
+// than its share of the recent traffic asks for, the deepest such d, extended to the shortest
+// match among its holders when at least two hold it (below the next sampled depth): two
+// endpoints holding the same blocks past d share them through the traffic, not through one
+// conversation, so the hot prefix runs that far.
+func (hp *hotPrefixes) underReplicated(hashes []uint64, minMatch int, lens []int32, eps []*router.Endpoint) int {
+	hp.mu.Lock()
+	defer hp.mu.Unlock()
+	if hp.n < hotMinRequests || hp.total <= 0 {
+		return 0
+	}
+	credit := 0
+	for d := minMatch; d <= len(hashes); d *= 2 {
+		holders, shortest := 0, len(hashes)
+		for _, e := range eps {
+			if m := int(lens[e.Slot]); m >= d {
+				holders++
+				shortest = min(shortest, m)
+			}
+		}
+		if holders == 0 {
+			break // deeper prefixes are held by no one either
+		}
+		a, b := hotCells(hashes[d-1])
+		share := min(hp.rows[0][a], hp.rows[1][b]) / hp.total
+		if holders < int(share*float64(len(eps))) {
+			credit = d
+			if holders >= 2 {
+				credit = min(shortest, 2*d-1)
+			}
+		}
+	}
+	return credit
+}

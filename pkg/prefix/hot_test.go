@@ -1,0 +1,171 @@
+package prefix
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/pkg/router"
+)
+
+func hotPlugin(t *testing.T, on bool) *Plugin {
+	t.Helper()
+	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: 100000,
+		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), ReplicateHotPrefixes: on}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pl
+}
+
+func endpoints(n int) []*router.Endpoint {
+	eps := make([]*router.Endpoint, n)
+	for i := range eps {
+		eps[i] = router.NewEndpoint(fmt.Sprintf("10.0.0.%d:8000", i+1), i)
+	}
+	return eps
+}
+
+// serveWhole routes req to ep and answers it whole with 200: its blocks are committed there.
+func serveWhole(t *testing.T, pl *Plugin, eps []*router.Endpoint, req *router.Request, ep *router.Endpoint) {
+	t.Helper()
+	pl.Prepare(context.Background(), req)
+	scores(pl, req, eps)
+	pl.Picked(req, ep)
+	pl.ResponseHeaders(req, ep, 200)
+	pl.Done(req, ep)
+}
+
+func systemPrompt(i int) string {
+	return fmt.Sprintf("You are assistant %d of the shop. ", i) + strings.Repeat(fmt.Sprintf("Policy %d applies to every order, read it in full. ", i), 40)
+}
+
+func TestHotPrefixIsCreditedToEveryCandidateUntilItHasItsCopies(t *testing.T) {
+	tests := []struct {
+		name     string
+		on       bool
+		prompts  int // traffic spread evenly over this many system prompts
+		holders  int // endpoints serving each prompt's traffic
+		requests int
+		credited bool // endpoints that do not hold the prompt score as its holders do
+	}{
+		{"one prompt in front of all traffic, held by two of eight", true, 1, 2, 200, true},
+		{"the same with replication off", false, 1, 2, 200, false},
+		{"two prompts, half the traffic each, held by two: want four copies", true, 2, 2, 200, true},
+		{"two prompts held by four each: enough copies", true, 2, 4, 200, false},
+		{"sixteen prompts: under two endpoints' share each", true, 16, 1, 320, false},
+		{"five prompts, a fifth of the traffic each (1.6 endpoints' share), held by one", true, 5, 1, 300, false},
+		{"three prompts, a third each (2.7 endpoints' share), held by one", true, 3, 1, 300, true},
+		{"one hot prompt, too few requests seen to tell", true, 1, 2, hotMinRequests - 1, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pl, eps := hotPlugin(t, tc.on), endpoints(8)
+			for i := range tc.requests {
+				p := i % tc.prompts
+				ep := eps[(p*tc.holders+i/tc.prompts%tc.holders)%len(eps)]
+				serveWhole(t, pl, eps, chatRequest(t, systemPrompt(p), fmt.Sprintf("question %d", i)), ep)
+			}
+			req := chatRequest(t, systemPrompt(0), "a new question")
+			pl.Prepare(context.Background(), req)
+			s := scores(pl, req, eps)
+			if s[0] == 0 {
+				t.Fatalf("the prompt's holder scores 0: %v", s)
+			}
+			cold := s[len(eps)-1]
+			switch {
+			case !tc.credited && cold != 0:
+				t.Fatalf("endpoint without the prompt scores %.3f, want 0 (holder %.3f)", cold, s[0])
+			case tc.credited && tc.holders >= 2 && cold != s[0]:
+				// Two holders of the same blocks show how far the shared prefix runs.
+				t.Fatalf("endpoint without the prompt scores %.3f, want its holders' %.3f", cold, s[0])
+			case tc.credited && tc.holders == 1 && !(cold >= 0.4 && cold < s[0]):
+				// One holder: only the sampled depth (a power of two blocks) is known to be hot.
+				t.Fatalf("endpoint without the prompt scores %.3f, want the sampled part of its holder's %.3f", cold, s[0])
+			}
+		})
+	}
+}
+
+func TestAMatchBeyondTheHotPrefixStillDraws(t *testing.T) {
+	pl, eps := hotPlugin(t, true), endpoints(8)
+	for i := range 200 {
+		serveWhole(t, pl, eps, chatRequest(t, systemPrompt(0), fmt.Sprintf("question %d", i)), eps[i%2])
+	}
+	// One conversation goes on on endpoint 1: its earlier turn is there only.
+	long := strings.Repeat("the order number is 12345 and it has not arrived yet. ", 30)
+	serveWhole(t, pl, eps, chatRequest(t, systemPrompt(0), long), eps[1])
+	req := chatRequest(t, systemPrompt(0), long, "and now?")
+	pl.Prepare(context.Background(), req)
+	s := scores(pl, req, eps)
+	if !(s[1] > s[0] && s[0] == s[7] && s[7] > 0) {
+		t.Fatalf("scores %v: want the conversation's endpoint first, the hot prefix credited alike to the rest", s)
+	}
+}
+
+func TestAPrefixStopsBeingHotWhenTheTrafficMoves(t *testing.T) {
+	hp := newHotPrefixes()
+	hot := make([]uint64, 64)
+	for i := range hot {
+		hot[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	eps := endpoints(8)
+	lens := make([]int32, 8)
+	lens[0], lens[1] = 64, 64
+	for range 200 {
+		hp.add(hot, 2)
+	}
+	if got := hp.underReplicated(hot, 2, lens, eps); got != 64 {
+		t.Fatalf("hot prefix credit %d blocks, want 64", got)
+	}
+	// 40,000 requests later (past the weights' rescale), half the traffic still starts so.
+	other := make([]uint64, 64)
+	for i := range 40000 {
+		if i%2 == 0 {
+			hp.add(hot, 2)
+			continue
+		}
+		for j := range other {
+			other[j] = uint64(i)<<20 | uint64(j+1)
+		}
+		hp.add(other, 2)
+	}
+	if hp.w > hotRescale {
+		t.Fatalf("weights grew to %g, past the rescale bound", hp.w)
+	}
+	if got := hp.underReplicated(hot, 2, lens, eps); got != 64 {
+		t.Fatalf("after a rescale, half of the traffic: credit %d blocks, want 64 (4 copies wanted, 2 held)", got)
+	}
+	// Then 10,000 requests that share nothing: the prefix's share decays to nothing.
+	for i := range 10000 {
+		for j := range other {
+			other[j] = uint64(i+50000)<<20 | uint64(j+1)
+		}
+		hp.add(other, 2)
+	}
+	if got := hp.underReplicated(hot, 2, lens, eps); got != 0 {
+		t.Fatalf("after the traffic moved: credit %d blocks, want 0", got)
+	}
+}
+
+func TestHotPrefixesUnderConcurrentPicksAndScores(t *testing.T) {
+	pl, eps := hotPlugin(t, true), endpoints(8)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 100 {
+				serveWhole(t, pl, eps, chatRequest(t, systemPrompt(g%2), fmt.Sprintf("q %d %d", g, i)), eps[(g+i)%2])
+			}
+		})
+	}
+	wg.Wait()
+	req := chatRequest(t, systemPrompt(0), "last")
+	pl.Prepare(context.Background(), req)
+	if s := scores(pl, req, eps); s[7] == 0 || s[7] != s[0] {
+		t.Fatalf("scores %v: half the traffic held by two of eight wants about four copies", s)
+	}
+}
