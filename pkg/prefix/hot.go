@@ -46,7 +46,7 @@ type hotPrefixes struct {
 
 func newHotPrefixes() *hotPrefixes { return &hotPrefixes{w: 1} }
 
-// cells returns h's cell in each row: the hashes are XXH3, so their bit ranges are independent.
+// hotCells returns h's cell in each row: the hashes are XXH3, so their bit ranges are independent.
 func hotCells(h uint64) (int, int) { return int(h % hotWidth), int((h >> 32) % hotWidth) }
 
 // add counts one routed prompt under each of its sampled prefixes.
@@ -80,13 +80,23 @@ func (hp *hotPrefixes) add(hashes []uint64, minMatch int) {
 // endpoints holding the same blocks past d share them through the traffic, not through one
 // conversation, so the hot prefix runs that far.
 func (hp *hotPrefixes) underReplicated(hashes []uint64, minMatch int, lens []int32, eps []*router.Endpoint) int {
+	// The shares are read under the lock (one per doubling: 32 cover any prompt); the
+	// candidates are counted outside it, which picks take too.
+	var shares [32]float64
+	depths := 0
 	hp.mu.Lock()
-	defer hp.mu.Unlock()
 	if hp.n < hotMinRequests || hp.total <= 0 {
+		hp.mu.Unlock()
 		return 0
 	}
+	for d := minMatch; d <= len(hashes) && depths < len(shares); d *= 2 {
+		a, b := hotCells(hashes[d-1])
+		shares[depths] = min(hp.rows[0][a], hp.rows[1][b]) / hp.total
+		depths++
+	}
+	hp.mu.Unlock()
 	credit := 0
-	for d := minMatch; d <= len(hashes); d *= 2 {
+	for i, d := 0, minMatch; i < depths; i, d = i+1, d*2 {
 		holders, shortest := 0, len(hashes)
 		for _, e := range eps {
 			if m := int(lens[e.Slot]); m >= d {
@@ -97,9 +107,7 @@ func (hp *hotPrefixes) underReplicated(hashes []uint64, minMatch int, lens []int
 		if holders == 0 {
 			break // deeper prefixes are held by no one either
 		}
-		a, b := hotCells(hashes[d-1])
-		share := min(hp.rows[0][a], hp.rows[1][b]) / hp.total
-		if holders < int(share*float64(len(eps))) {
+		if holders < int(shares[i]*float64(len(eps))) {
 			credit = d
 			if holders >= 2 {
 				credit = min(shortest, 2*d-1)
