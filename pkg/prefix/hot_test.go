@@ -10,12 +10,16 @@ import (
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/router"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-func hotPlugin(t *testing.T, on bool) *Plugin {
+func hotPlugin(t *testing.T, on bool) *Plugin { return hotPluginOn(t, on, nil) }
+
+func hotPluginOn(t *testing.T, on bool, reg prometheus.Registerer) *Plugin {
 	t.Helper()
 	pl, err := New(Params{BlockSize: 64, MaxBlocksPerRequest: 1000, LRUCapacityPerEndpoint: 100000,
-		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), ReplicateHotPrefixes: on}, nil)
+		MinMatchBlocks: 2, PendingTTL: config.Duration(time.Minute), ReplicateHotPrefixes: on}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,5 +171,26 @@ func TestHotPrefixesUnderConcurrentPicksAndScores(t *testing.T) {
 	pl.Prepare(context.Background(), req)
 	if s := scores(pl, req, eps); s[7] == 0 || s[7] != s[0] {
 		t.Fatalf("scores %v: half the traffic held by two of eight wants about four copies", s)
+	}
+}
+
+func TestHotPrefixCreditsAreCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	pl, eps := hotPluginOn(t, true, reg), endpoints(8)
+	for i := range hotMinRequests {
+		serveWhole(t, pl, eps, chatRequest(t, systemPrompt(0), fmt.Sprintf("question %d", i)), eps[i%2])
+	}
+	before := testutil.ToFloat64(pl.metrics.hotCredits)
+	req := chatRequest(t, systemPrompt(0), "one more")
+	pl.Prepare(context.Background(), req)
+	scores(pl, req, eps)
+	if got := testutil.ToFloat64(pl.metrics.hotCredits) - before; got != 1 {
+		t.Fatalf("kvpick_prefix_hot_prefix_credits_total rose by %v for one credited request, want 1", got)
+	}
+	other := chatRequest(t, systemPrompt(9), "a prompt nobody holds")
+	pl.Prepare(context.Background(), other)
+	scores(pl, other, eps)
+	if got := testutil.ToFloat64(pl.metrics.hotCredits) - before; got != 1 {
+		t.Fatalf("kvpick_prefix_hot_prefix_credits_total rose to %v after a request with nothing hot, want 1", got)
 	}
 }

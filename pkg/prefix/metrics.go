@@ -15,6 +15,7 @@ type pluginMetrics struct {
 	hitRatio                        prometheus.Histogram
 	serverPrompt, serverCached      prometheus.Counter
 	serverPromptWithCachedReported  prometheus.Counter
+	hotCredits                      prometheus.Counter
 }
 
 func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
@@ -49,7 +50,11 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		Help: "Prompt tokens the servers reported as prefix-cache hits (usage.prompt_tokens_details.cached_tokens); " +
 			"divided by kvpick_prefix_server_prompt_with_cached_tokens_total it is the measured hit ratio.",
 	})
-	reg.MustRegister(m.serverPrompt, m.serverPromptWithCachedReported, m.serverCached,
+	m.hotCredits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvpick_prefix_hot_prefix_credits_total",
+		Help: "Scored requests whose leading blocks carry more of the traffic than the endpoints holding them (replicateHotPrefixes): every candidate was credited with them, so load chose.",
+	})
+	reg.MustRegister(m.serverPrompt, m.serverPromptWithCachedReported, m.serverCached, m.hotCredits,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kvpick_prefix_tokens_per_block",
 			Help: "Server tokens per index block, learned from usage reports (0 until the first report).",

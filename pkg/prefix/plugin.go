@@ -259,6 +259,9 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 			for i := range eps {
 				scores[i] = max(scores[i], float64(d)/total)
 			}
+			if pl.metrics != nil {
+				pl.metrics.hotCredits.Inc()
+			}
 		}
 	}
 	st.reuse = pl.reuse.observe(float64(best) / total)
