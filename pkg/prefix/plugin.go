@@ -254,7 +254,9 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 		}
 		scores[i] = float64(m) / total
 	}
-	if pl.hot != nil {
+	// Where no candidate holds minMatch blocks of the prompt nothing can be credited: the
+	// sketch's lock is not taken for it (unshared prompts).
+	if pl.hot != nil && best >= minMatch {
 		if d := pl.hot.underReplicated(st.hashes, minMatch, st.lens, eps); d > 0 {
 			for i := range eps {
 				scores[i] = max(scores[i], float64(d)/total)

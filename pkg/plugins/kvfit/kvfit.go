@@ -29,10 +29,11 @@
 // A server that reports its usage but not its cache's size is sized by the evidence: the size
 // the prefix scorer learned from its cached_tokens reports, and at least what its usage shows
 // the picker's running requests to take (learnCapacity; prefix.Matches.LearnedCacheTokens). On
-// the replay's small caches with no size reported (capacity-x10 and capacity-x0.1) that cut agent TTFT p90 by 14-16% and p99 by 25-38%,
-// multi-turn p99 by 27-30% on the tuning seeds (held-out: agent p90 -18 to -21%, 19 of 24 seeds
-// better), at a cost of 1.7 points of hit ratio for shared system prompts at 0.1×: learned
-// sizes are right for the pool, not for each server (docs/benchmarks.md "KV room").
+// the replay's small caches with no size reported (capacity-x10 and capacity-x0.1) that cut
+// agent TTFT p90 by 14-16% and p99 by 25-38%, multi-turn p99 by 27-30% on the tuning seeds
+// (held-out: agent p90 -18 to -21%, 19 of 24 seeds better), at a cost of 1.7 points of hit
+// ratio for shared system prompts at 0.1×: learned sizes are right for the pool, not for each
+// server (docs/benchmarks.md "KV room").
 // An endpoint scores 1, no evidence of a shortage, when its metrics are stale or missing or
 // report no KV usage, or no cache size while none has been learned: usage alone does not say
 // whether this request fits (1 - usage in its place, the GIE endpoint picker's KV-utilisation
