@@ -23,10 +23,7 @@ func poolPlugin(t *testing.T, p Params) (*Plugin, []*router.Endpoint) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var eps []*router.Endpoint
-	for i := range 4 {
-		eps = append(eps, router.NewEndpoint(fmt.Sprintf("10.0.0.%d:8000", i+1), i))
-	}
+	eps := endpoints(4)
 	pl.EndpointsChanged(eps, nil)
 	return pl, eps
 }

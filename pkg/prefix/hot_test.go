@@ -26,14 +26,6 @@ func hotPluginOn(t *testing.T, on bool, reg prometheus.Registerer) *Plugin {
 	return pl
 }
 
-func endpoints(n int) []*router.Endpoint {
-	eps := make([]*router.Endpoint, n)
-	for i := range eps {
-		eps[i] = router.NewEndpoint(fmt.Sprintf("10.0.0.%d:8000", i+1), i)
-	}
-	return eps
-}
-
 // serveWhole routes req to ep and answers it whole with 200: its blocks are committed there.
 func serveWhole(t *testing.T, pl *Plugin, eps []*router.Endpoint, req *router.Request, ep *router.Endpoint) {
 	t.Helper()

@@ -66,7 +66,7 @@ func TestPendingMatchesLiveRecordsOnly(t *testing.T) {
 func TestPendingWorkIsBounded(t *testing.T) {
 	now := time.Unix(1000, 0)
 	p := newPendingSet(10 * time.Second)
-	eps := []*router.Endpoint{router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1)}
+	eps := twoEndpoints()
 	shared := chain(1, 50)
 	var recs []*pendingRecord
 	for i := range 2000 {

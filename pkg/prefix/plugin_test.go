@@ -47,9 +47,16 @@ func scores(pl *Plugin, req *router.Request, eps []*router.Endpoint) []float64 {
 	return s
 }
 
-func twoEndpoints() []*router.Endpoint {
-	return []*router.Endpoint{router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1)}
+// endpoints returns n endpoints 10.0.0.1:8000 … in slots 0 … n-1.
+func endpoints(n int) []*router.Endpoint {
+	eps := make([]*router.Endpoint, n)
+	for i := range eps {
+		eps[i] = router.NewEndpoint(fmt.Sprintf("10.0.0.%d:8000", i+1), i)
+	}
+	return eps
 }
+
+func twoEndpoints() []*router.Endpoint { return endpoints(2) }
 
 var longSystem = strings.Repeat("You are a careful assistant that answers in full sentences. ", 20)
 

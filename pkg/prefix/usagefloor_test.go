@@ -285,7 +285,7 @@ func TestUsageFloorIsExportedPerEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eps := []*router.Endpoint{router.NewEndpoint("10.0.0.1:8000", 0), router.NewEndpoint("10.0.0.2:8000", 1)}
+	eps := twoEndpoints()
 	pl.EndpointsChanged(eps, nil)
 	_, n := pickOwned(t, pl, eps, eps[0], longSystem, "q", 1)
 	eps[0].SetPrefilledThrough(1)
