@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strconv"
@@ -32,7 +33,7 @@ func main() {
 
 // scenarioFlags are the flags that describe one scenario; --suite replaces them.
 var scenarioFlags = []string{"response-timing", "stream-fraction", "include-usage-fraction", "cached-tokens", "kv-blocks",
-	"load-follows-caches", "picker-capacity-factor", "omit-cache-config"}
+	"load-follows-caches", "load-scale", "picker-capacity-factor", "omit-cache-config"}
 
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
@@ -54,6 +55,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	usageFrac := fs.Float64("include-usage-fraction", replay.DefaultStreaming.UsageFraction, "share of streamed requests that set stream_options.include_usage")
 	cachedTokens := fs.Bool("cached-tokens", true, "the servers report usage.prompt_tokens_details.cached_tokens (vLLM --enable-prompt-tokens-details; off by default in vLLM)")
 	kvBlocks := fs.String("kv-blocks", "", `num_gpu_blocks per engine: "N", "LO-HI" (spread evenly over the engines, e.g. 768-1856) or one value per engine "a,b,..." (default: the engine model's 4096)`)
+	loadScale := fs.Float64("load-scale", 0, "scale each generated workload's requests and rate by this factor (after --load-follows-caches; 0: no scaling)")
 	loadFollows := fs.Bool("load-follows-caches", false, "scale each generated workload's requests and rate by the engines' mean num_gpu_blocks / 4096 (with --kv-blocks: smaller caches serve less)")
 	omitCacheConfig := fs.Bool("omit-cache-config", false, "the servers do not report their KV cache's size on /metrics (no vllm:cache_config_info): the picker sizes its index from its configuration")
 	capFactor := fs.Float64("picker-capacity-factor", 0, "set the picker's lruCapacityPerEndpoint to this multiple of the engines' mean num_gpu_blocks (0: its configured value)")
@@ -109,6 +111,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		sc.OmitCachedTokens = !*cachedTokens
 		sc.KVBlocks = *kvBlocks
 		sc.LoadFollowsCaches = *loadFollows
+		sc.LoadScale = *loadScale
 		sc.CapacityFactor = *capFactor
 		sc.OmitCacheConfig = *omitCacheConfig
 		for _, f := range scenarioFlags {
@@ -147,6 +150,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errors.New("--stream-fraction and --include-usage-fraction: want 0..1")
 	case *capFactor < 0:
 		return fmt.Errorf("--picker-capacity-factor %v: want >= 0", *capFactor)
+	case *loadScale < 0 || math.IsNaN(*loadScale) || math.IsInf(*loadScale, 0):
+		return fmt.Errorf("--load-scale %v: want >= 0", *loadScale)
 	case *metricsInterval <= 0 || *virtualRefresh <= 0:
 		return errors.New("--metrics-interval and --virtual-refresh: want > 0")
 	}

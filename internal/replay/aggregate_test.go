@@ -156,6 +156,13 @@ func TestSmallCachesScaleTheLoadWithTheCaches(t *testing.T) {
 	if k.requests != 513 || math.Abs(k.rate-9.225) > 1e-9 {
 		t.Fatalf("small caches: %d requests at %v/s, want 513 at 9.225", k.requests, k.rate)
 	}
+	// small-caches-busy: the default load × 0.55 on the same caches, 1,600 → 880 requests,
+	// 28.8 → 15.84 req/s.
+	busy := StandardScenarios()[len(StandardScenarios())-1]
+	if k, err := o.size("shared-prefix", busy, EngineConfig()); err != nil || busy.Name != "small-caches-busy" ||
+		k.requests != 880 || math.Abs(k.rate-15.84) > 1e-9 {
+		t.Fatalf("%s: %d requests at %v/s (%v), want 880 at 15.84", busy.Name, k.requests, k.rate, err)
+	}
 	if k, _ := o.size("shared-prefix", DefaultScenario(), EngineConfig()); k.requests != 0 || k.rate != 0 {
 		t.Fatalf("default scenario: %+v, want the workload's own defaults (0)", k)
 	}
