@@ -1,0 +1,110 @@
+package runner_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/internal/routertest"
+	"github.com/kvpick/kvpick/pkg/router"
+	"github.com/kvpick/kvpick/pkg/runner"
+)
+
+// TestAPromptThatDoesNotFitItsHoldersFreeCacheGoesWhereItFits: with the default configuration,
+// the endpoint that holds a long prompt's prefix keeps it while the prompt fits in the free
+// part of that server's KV cache, and loses it once the server reports less free room than the
+// prompt takes (there the request would wait for running requests to end before its prefill
+// starts) — also when two thirds of it fit, where recomputing the prefix elsewhere costs ~250
+// blocks of prefill (with kv-fit-scorer's earlier weight 4 the holder kept it down to half).
+func TestAPromptThatDoesNotFitItsHoldersFreeCacheGoesWhereItFits(t *testing.T) {
+	// ~16,000 bytes: ~4,000 tokens at the assumed 4 bytes per token, 250 of the index's blocks.
+	system := strings.Repeat("You are the assistant of a large company; answer within its policies. ", 230)
+	// What the prompt takes on a server: its tokens plus kv-fit's 64 to start decoding. The chat
+	// rendering adds a few dozen bytes, under 1% of this.
+	need := float64(len(system))/4 + 64
+	const capacityTokens = 4096 * 16 // newVLLMServer's vllm:cache_config_info
+
+	tests := []struct {
+		name     string
+		fit      float64 // the holder's free room ÷ what the prompt needs
+		wantHold bool
+	}{
+		{"room for it and half again: the holder keeps it", 1.5, true},
+		{"two thirds of it fit: it goes where it fits", 0.66, false},
+		{"almost nothing free: it goes where it fits", 0.05, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			servers := []*vllmServer{newVLLMServer(t), newVLLMServer(t), newVLLMServer(t), newVLLMServer(t)}
+			cfg := config.Default()
+			for _, s := range servers {
+				s.set(0, 0.1)
+				cfg.Pool.Endpoints = append(cfg.Pool.Endpoints, s.addr())
+			}
+			cfg.Pool.HealthCheck.Interval = 0
+			pk, err := runner.Build(cfg, zap.NewNop())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { pk.Scraper.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+
+			route := func(question string) (*router.Endpoint, *router.Explanation) {
+				req := routertest.Chat(t, system+question)
+				req.Explain = &router.Explanation{}
+				d, err := pk.Pipeline.Schedule(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
+				pk.Pipeline.FirstByte(req, d.Endpoint, "")
+				pk.Pipeline.Done(req, d.Endpoint)
+				return d.Endpoint, req.Explain
+			}
+			holder, _ := route(" First question.")
+			for i := range 3 {
+				if got, _ := route(fmt.Sprintf(" Warm question %d.", i)); got != holder {
+					t.Fatalf("warm-up request %d went to %s, not the prompt's holder %s", i, got.Addr, holder.Addr)
+				}
+			}
+
+			usage := 1 - tc.fit*need/capacityTokens
+			for _, s := range servers {
+				if s.addr() == holder.Addr {
+					s.set(0, usage)
+				}
+			}
+			// Every server's scrape fresh (each reports the same 4 running requests), the
+			// holder's sent after the last pick, so that no pick since it takes from the room.
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				ready := true
+				for _, e := range pk.Pool.Snapshot() {
+					m := e.FreshMetrics(time.Now())
+					ready = ready && m != nil && (e != holder || m.KVUsage == usage && m.PicksAtScrape == holder.Picks())
+				}
+				if ready {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("timed out waiting for the servers' scrapes")
+				}
+			}
+			got, why := route(" The question that matters.")
+			if hold := got == holder; hold != tc.wantHold {
+				var scores strings.Builder
+				for _, c := range why.Candidates {
+					fmt.Fprintf(&scores, "\n  %s holder=%v %v total %.3f", c.Endpoint.Addr, c.Endpoint == holder, c.Scores, c.Total)
+				}
+				t.Fatalf("with %.0f%% of what the prompt needs free on its holder (usage %.4f) it went to %s: held = %v, want %v; scores %v:%s",
+					tc.fit*100, usage, got.Addr, hold, tc.wantHold, why.Scorers, scores.String())
+			}
+		})
+	}
+}
