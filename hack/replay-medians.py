@@ -7,7 +7,7 @@ base = {s['name']: (s.get('baselinesFrom') or s['name']) for s in rep['scenarios
 R = {}
 for r in rep['results']:
     R.setdefault((r['scenario'], r['workload'], r['policy']), []).append(r)
-unit = lambda v: f'{v:.2f} s' if v >= 1 else f'{v*1000:.0f}'
+unit = lambda v: '—' if v is None else f'{v:.2f} s' if v >= 1 else f'{v*1000:.0f}'
 def med(sc, wl, pol, f):
     rs = R.get((sc, wl, pol))
     return statistics.median(f(r) for r in rs) if rs else None

@@ -28,7 +28,7 @@ func TestBuildDefaultPlugins(t *testing.T) {
 	if strings.Join(names, ",") != want {
 		t.Fatalf("plugins %v", names)
 	}
-	if b.Weights["prefix-scorer"] != 1 || b.Weights["prefill-scorer"] != 4 || b.Weights["cache-room-scorer"] != 2 || b.Weights["inflight-scorer"] != 1 || b.Weights["kv-fit-scorer"] != 8 {
+	if b.Weights["prefix-scorer"] != 1 || b.Weights["prefill-scorer"] != 4 || b.Weights["cache-room-scorer"] != 2 || b.Weights["inflight-scorer"] != 1 || b.Weights["kv-fit-scorer"] != 4 {
 		t.Fatalf("weights %v", b.Weights)
 	}
 }

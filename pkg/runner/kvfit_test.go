@@ -19,8 +19,10 @@ import (
 // the endpoint that holds a long prompt's prefix keeps it while the prompt fits in the free
 // part of that server's KV cache, and loses it once the server reports less free room than the
 // prompt takes (there the request would wait for running requests to end before its prefill
-// starts) — also when two thirds of it fit, where recomputing the prefix elsewhere costs ~250
-// blocks of prefill (with kv-fit-scorer's earlier weight 4 the holder kept it down to half).
+// starts) — once less than half of it fits, although recomputing the prefix elsewhere costs
+// ~250 blocks of prefill. (With kv-fit-scorer's weight 4 against the prefill estimate's 4 the
+// holder keeps a prompt of which half or more fits; weight 8 moved that to ~3/4 and did not
+// hold out on the replay: docs/benchmarks.md, "Busy small caches".)
 func TestAPromptThatDoesNotFitItsHoldersFreeCacheGoesWhereItFits(t *testing.T) {
 	// ~16,000 bytes: ~4,000 tokens at the assumed 4 bytes per token, 250 of the index's blocks.
 	system := strings.Repeat("You are the assistant of a large company; answer within its policies. ", 230)
@@ -35,7 +37,7 @@ func TestAPromptThatDoesNotFitItsHoldersFreeCacheGoesWhereItFits(t *testing.T) {
 		wantHold bool
 	}{
 		{"room for it and half again: the holder keeps it", 1.5, true},
-		{"two thirds of it fit: it goes where it fits", 0.66, false},
+		{"less than half of it fits: it goes where it fits", 0.4, false},
 		{"almost nothing free: it goes where it fits", 0.05, false},
 	}
 	for _, tc := range tests {
