@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -69,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	pickerTLS := fs.Bool("picker-tls", false, "with --picker-addr: the picker serves TLS (certificate not verified)")
 	printEndpoints := fs.Bool("print-endpoints", false, "print the --endpoints value of a picker in front of --engines engines and exit")
 	jsonOut := fs.String("json", "", "write every number and the run's parameters to this JSON file")
+	recordsOut := fs.String("records", "", "write every request of every run to this file, one JSON line each (engine, TTFT, cached tokens, admission wait, the turn it follows: docs/replay.md)")
 	svgDir := fs.String("svg", "", "write charts (hit-ratio.svg, ttft.svg per scenario) into this directory")
 	quiet := fs.Bool("quiet", false, "no progress display on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -161,9 +163,24 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if !*quiet {
 		o.Progress = stderr
 	}
+	var records *bufio.Writer
+	if *recordsOut != "" {
+		f, err := os.Create(*recordsOut)
+		if err != nil {
+			return fmt.Errorf("--records: %w", err)
+		}
+		defer f.Close()
+		records = bufio.NewWriterSize(f, 1<<16)
+		o.Records = records
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := replay.Benchmark(ctx, o)
+	if records != nil {
+		if ferr := records.Flush(); ferr != nil && err == nil {
+			err = fmt.Errorf("--records: %w", ferr)
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvpick/kvpick/internal/replay"
 )
 
 func TestBadFlagsNameTheProblem(t *testing.T) {
@@ -32,6 +34,8 @@ func TestBadFlagsNameTheProblem(t *testing.T) {
 		{[]string{"--suite", "everything"}, "--suite"},
 		{[]string{"--suite", "standard", "--kv-blocks", "1000"}, "--kv-blocks"},
 		{[]string{"--picker-capacity-factor", "-1"}, "--picker-capacity-factor"},
+		{[]string{"--load-scale", "-0.5"}, "--load-scale"},
+		{[]string{"--records", "/nonexistent/dir/records.jsonl", "--clock", "virtual", "--workloads", "hot-prefix", "--requests", "5", "--policies", "round-robin"}, "--records"},
 	} {
 		var out, errb bytes.Buffer
 		err := run(tc.args, &out, &errb)
@@ -67,7 +71,8 @@ func TestTinyRun(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	args := []string{"--clock", "virtual", "--engines", "2", "--requests", "30", "--workloads", "hot-prefix", "--trace", trace,
-		"--policies", "round-robin,precise", "--json", filepath.Join(dir, "r.json"), "--svg", filepath.Join(dir, "svg")}
+		"--policies", "round-robin,precise", "--json", filepath.Join(dir, "r.json"), "--svg", filepath.Join(dir, "svg"),
+		"--records", filepath.Join(dir, "records.jsonl")}
 	if err := run(args, &out, &errb); err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
@@ -92,6 +97,28 @@ func TestTinyRun(t *testing.T) {
 	}
 	if len(rep.Results) != 4 || rep.Params["clock"] != "virtual" || rep.Results[2]["workload"] != "trace" || rep.Results[2]["completed"] != 20.0 {
 		t.Fatalf("JSON: %d results, params %v, %v", len(rep.Results), rep.Params, rep.Results)
+	}
+	// One line per request of each of the 4 runs (30 generated + 20 traced requests, two
+	// policies), each served with a TTFT, on one of the 2 engines; hot-prefix shares its prefix.
+	rb, err := os.ReadFile(filepath.Join(dir, "records.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]int{}
+	cached := 0
+	for i, line := range strings.Split(strings.TrimSpace(string(rb)), "\n") {
+		var r replay.RequestRecord
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("record %d: %v: %s", i, err, line)
+		}
+		runs[r.Workload+"/"+r.Policy]++
+		if r.Status != 200 || r.Engine < 0 || r.Engine > 1 || r.TTFT <= 0 || r.Latency < r.TTFT || r.PromptTokens <= 0 || r.Seed != 1 {
+			t.Fatalf("record %d: %+v", i, r)
+		}
+		cached += r.CachedTokens
+	}
+	if len(runs) != 4 || runs["hot-prefix/precise"] != 30 || runs["trace/round-robin"] != 20 || cached == 0 {
+		t.Fatalf("records per run %v, %d cached tokens in all", runs, cached)
 	}
 	for _, f := range []string{"hit-ratio.svg", "ttft.svg"} {
 		b, err := os.ReadFile(filepath.Join(dir, "svg", f))

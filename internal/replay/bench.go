@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -57,6 +58,59 @@ type Options struct {
 
 	// Progress receives the progress display (stderr); nil for none.
 	Progress io.Writer
+	// Records, if set, receives every request of every run as a JSON line (RequestRecord), for
+	// diagnosing a policy request by request.
+	Records io.Writer
+}
+
+// RequestRecord is one request's line in Options.Records. Times are in simulated seconds.
+type RequestRecord struct {
+	Scenario string `json:"scenario"`
+	Workload string `json:"workload"`
+	Seed     uint64 `json:"seed"`
+	Policy   string `json:"policy"`
+	// ID is the request's index in the workload; After the request whose end it follows (the
+	// previous turn or step; -1 for none); Group what it shares its prefix with (-1: nothing).
+	ID     int  `json:"id"`
+	After  int  `json:"after"`
+	Group  int  `json:"group"`
+	Stream bool `json:"stream"`
+	// Arrival is from the start of the run; Engine -1 when it was not routed.
+	Arrival float64 `json:"arrival"`
+	Engine  int     `json:"engine"`
+	Status  int     `json:"status"`
+	// TTFT, AdmissionWait (arrival to the first prefill chunk) and Latency (arrival to the end)
+	// are 0 for a request that did not complete.
+	TTFT          float64 `json:"ttft"`
+	AdmissionWait float64 `json:"admissionWait"`
+	Latency       float64 `json:"latency"`
+	PromptTokens  int     `json:"promptTokens"`
+	CachedTokens  int     `json:"cachedTokens"`
+	OutputTokens  int     `json:"outputTokens"`
+	Preemptions   int     `json:"preemptions"`
+}
+
+// writeRecords writes one run's requests to o.Records.
+func (o *Options) writeRecords(sc Scenario, seed uint64, w *Workload, pol string, res *RunResult) error {
+	enc := json.NewEncoder(o.Records)
+	for i, r := range res.Records {
+		rec := RequestRecord{Scenario: sc.Name, Workload: w.Name, Seed: seed, Policy: pol, ID: i, After: -1, Group: -1,
+			Stream: r.Stream, Arrival: r.Arrival.Sub(res.Start).Seconds(), Engine: r.Engine, Status: r.Status}
+		if i < len(w.Requests) {
+			rec.After, rec.Group = w.Requests[i].After, w.Requests[i].Group
+		}
+		if r.OK() {
+			rec.TTFT = r.Result.FirstToken.Sub(r.Arrival).Seconds()
+			rec.AdmissionWait = r.Result.Admitted.Sub(r.Arrival).Seconds()
+			rec.Latency = r.Result.End.Sub(r.Arrival).Seconds()
+			rec.PromptTokens, rec.CachedTokens = r.Result.PromptTokens, r.Result.CachedTokens
+			rec.OutputTokens, rec.Preemptions = r.Result.CompletionTokens, r.Result.Preemptions
+		}
+		if err := enc.Encode(&rec); err != nil {
+			return fmt.Errorf("request records: %w", err)
+		}
+	}
+	return nil
 }
 
 // Scenario is a condition a workload runs under: how the servers answer and how big their
@@ -570,6 +624,11 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 	}
 	s = Summarize(res)
 	s.Scenario, s.Seed = sc.Name, seed
+	if o.Records != nil {
+		if err := o.writeRecords(sc, seed, w, pol, res); err != nil {
+			return nil, err
+		}
+	}
 	if rc.Endpoints != nil {
 		s.Endpoint = rc.Endpoints.Addrs()[0]
 	}
