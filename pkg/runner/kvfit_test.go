@@ -1,18 +1,13 @@
 package runner_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
-	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/routertest"
 	"github.com/kvpick/kvpick/pkg/router"
-	"github.com/kvpick/kvpick/pkg/runner"
 )
 
 // TestAPromptThatDoesNotFitItsHoldersFreeCacheGoesWhereItFits: with the default configuration,
@@ -43,32 +38,15 @@ func TestAPromptThatDoesNotFitItsHoldersFreeCacheGoesWhereItFits(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			servers := []*vllmServer{newVLLMServer(t), newVLLMServer(t), newVLLMServer(t), newVLLMServer(t)}
-			cfg := config.Default()
 			for _, s := range servers {
 				s.set(0, 0.1)
-				cfg.Pool.Endpoints = append(cfg.Pool.Endpoints, s.addr())
 			}
-			cfg.Pool.HealthCheck.Interval = 0
-			pk, err := runner.Build(cfg, zap.NewNop())
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { pk.Scraper.Run(ctx); close(done) }()
-			defer func() { cancel(); <-done }()
+			pk := scrapedPicker(t, servers)
 
 			route := func(question string) (*router.Endpoint, *router.Explanation) {
 				req := routertest.Chat(t, system+question)
 				req.Explain = &router.Explanation{}
-				d, err := pk.Pipeline.Schedule(context.Background(), req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
-				pk.Pipeline.FirstByte(req, d.Endpoint, "")
-				pk.Pipeline.Done(req, d.Endpoint)
-				return d.Endpoint, req.Explain
+				return serve(t, pk, req), req.Explain
 			}
 			holder, _ := route(" First question.")
 			for i := range 3 {
@@ -85,19 +63,15 @@ func TestAPromptThatDoesNotFitItsHoldersFreeCacheGoesWhereItFits(t *testing.T) {
 			}
 			// Every server's scrape fresh (each reports the same 4 running requests), the
 			// holder's sent after the last pick, so that no pick since it takes from the room.
-			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				ready := true
+			waitFor(t, "the servers' scrapes", func() bool {
 				for _, e := range pk.Pool.Snapshot() {
 					m := e.FreshMetrics(time.Now())
-					ready = ready && m != nil && (e != holder || m.KVUsage == usage && m.PicksAtScrape == holder.Picks())
+					if m == nil || e == holder && (m.KVUsage != usage || m.PicksAtScrape != holder.Picks()) {
+						return false
+					}
 				}
-				if ready {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("timed out waiting for the servers' scrapes")
-				}
-			}
+				return true
+			})
 			got, why := route(" The question that matters.")
 			if hold := got == holder; hold != tc.wantHold {
 				var scores strings.Builder

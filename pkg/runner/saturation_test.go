@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/routertest"
+	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/kvpick/kvpick/pkg/runner"
 )
 
@@ -57,12 +58,10 @@ func (v *vllmServer) set(waiting int, usage float64) {
 	v.mu.Unlock()
 }
 
-// TestASaturatedServerGetsAlmostNoNewRequests: with the default configuration, an endpoint
-// whose server reports 500 waiting requests and a 99% full KV cache gets at most 1 in 10 new
-// requests once the picker has scraped it — even for prompts whose prefix it holds — and gets
-// traffic again once it reports a short queue.
-func TestASaturatedServerGetsAlmostNoNewRequests(t *testing.T) {
-	servers := []*vllmServer{newVLLMServer(t), newVLLMServer(t), newVLLMServer(t), newVLLMServer(t)}
+// scrapedPicker builds the default configuration over servers, health checks off, and runs
+// its scraper until the test ends.
+func scrapedPicker(t *testing.T, servers []*vllmServer) *runner.Picker {
+	t.Helper()
 	cfg := config.Default()
 	for _, s := range servers {
 		cfg.Pool.Endpoints = append(cfg.Pool.Endpoints, s.addr())
@@ -75,20 +74,46 @@ func TestASaturatedServerGetsAlmostNoNewRequests(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { pk.Scraper.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+	return pk
+}
+
+// serve routes req and plays its successful stream back to the picker: headers, first byte,
+// end.
+func serve(t *testing.T, pk *runner.Picker, req *router.Request) *router.Endpoint {
+	t.Helper()
+	d, err := pk.Pipeline.Schedule(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
+	pk.Pipeline.FirstByte(req, d.Endpoint, "")
+	pk.Pipeline.Done(req, d.Endpoint)
+	return d.Endpoint
+}
+
+// waitFor polls ok every 5 ms and fails the test after 20 s.
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// TestASaturatedServerGetsAlmostNoNewRequests: with the default configuration, an endpoint
+// whose server reports 500 waiting requests and a 99% full KV cache gets at most 1 in 10 new
+// requests once the picker has scraped it — even for prompts whose prefix it holds — and gets
+// traffic again once it reports a short queue.
+func TestASaturatedServerGetsAlmostNoNewRequests(t *testing.T) {
+	servers := []*vllmServer{newVLLMServer(t), newVLLMServer(t), newVLLMServer(t), newVLLMServer(t)}
+	pk := scrapedPicker(t, servers)
 
 	// Teach the picker that the hot server holds a long system prompt.
 	system := strings.Repeat("You are the assistant of a large company; follow its policies. ", 60)
 	route := func(question string) string {
-		req := routertest.Chat(t, system+question)
-		d, err := pk.Pipeline.Schedule(context.Background(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pk.Pipeline.ResponseHeaders(req, d.Endpoint, "", 200)
-		pk.Pipeline.FirstByte(req, d.Endpoint, "")
-		pk.Pipeline.Done(req, d.Endpoint)
-		return d.Endpoint.Addr
+		return serve(t, pk, routertest.Chat(t, system+question)).Addr
 	}
 	// Wherever the first request lands (rendezvous) holds the prompt from then on.
 	hot := pk.Pool.Lookup(route(" First question."))
@@ -98,20 +123,12 @@ func TestASaturatedServerGetsAlmostNoNewRequests(t *testing.T) {
 		}
 	}
 
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
 	for _, s := range servers {
 		if s.addr() == hot.Addr {
 			s.set(500, 0.99)
 		}
 	}
-	waitFor("the saturated scrape", func() bool {
+	waitFor(t, "the saturated scrape", func() bool {
 		m := hot.FreshMetrics(time.Now())
 		return m != nil && m.Waiting == 500
 	})
@@ -130,7 +147,7 @@ func TestASaturatedServerGetsAlmostNoNewRequests(t *testing.T) {
 			s.set(0, 0.3)
 		}
 	}
-	waitFor("the recovered scrape", func() bool {
+	waitFor(t, "the recovered scrape", func() bool {
 		m := hot.FreshMetrics(time.Now())
 		return m != nil && m.Waiting == 0
 	})
