@@ -1,8 +1,10 @@
 // Package runnertest serves a real picker in-process on a loopback port, for tests of the
-// packages that talk to one (the ext_proc server, the dev gateway, the load generator).
+// packages that talk to one (the ext_proc server, the dev gateway, the load generator), or
+// builds one whose scraper runs, for tests of what it makes of model servers' metrics.
 package runnertest
 
 import (
+	"context"
 	"net"
 	"testing"
 
@@ -31,4 +33,18 @@ func Serve(t testing.TB, cfg *config.Config) (*runner.Picker, string) {
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	return pk, lis.Addr().String()
+}
+
+// Scraping builds a picker from cfg and runs its scraper until the test ends.
+func Scraping(t testing.TB, cfg *config.Config) *runner.Picker {
+	t.Helper()
+	pk, err := runner.Build(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { pk.Scraper.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return pk
 }

@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/routertest"
+	"github.com/kvpick/kvpick/internal/runnertest"
 	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/kvpick/kvpick/pkg/runner"
 )
@@ -67,15 +66,7 @@ func scrapedPicker(t *testing.T, servers []*vllmServer) *runner.Picker {
 		cfg.Pool.Endpoints = append(cfg.Pool.Endpoints, s.addr())
 	}
 	cfg.Pool.HealthCheck.Interval = 0
-	pk, err := runner.Build(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { pk.Scraper.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return pk
+	return runnertest.Scraping(t, cfg)
 }
 
 // serve routes req and plays its successful stream back to the picker: headers, first byte,

@@ -1,7 +1,6 @@
 package scrape_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,10 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/kvpick/kvpick/config"
-	"github.com/kvpick/kvpick/pkg/runner"
+	"github.com/kvpick/kvpick/internal/runnertest"
 	"github.com/kvpick/kvpick/pkg/scrape"
 )
 
@@ -64,7 +61,7 @@ func (m *modelServer) set(waiting, running int, usage float64) {
 	m.mu.Unlock()
 }
 
-// The picker built by runner.Build scrapes real HTTP metric servers on loopback and its
+// The picker built by runner.Build (runnertest.Scraping) scrapes real HTTP metric servers on loopback and its
 // endpoints follow their numbers as they change; a server that dies goes stale without
 // disturbing the others; an endpoint that leaves the pool is no longer scraped.
 func TestPickerEndpointsFollowTheirServers(t *testing.T) {
@@ -76,14 +73,7 @@ func TestPickerEndpointsFollowTheirServers(t *testing.T) {
 	cfg.Pool.Metrics.RefreshInterval = config.Duration(10 * time.Millisecond)
 	cfg.Pool.Metrics.StalenessThreshold = config.Duration(300 * time.Millisecond)
 	cfg.Pool.Metrics.Timeout = config.Duration(time.Second)
-	pk, err := runner.Build(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { pk.Scraper.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	pk := runnertest.Scraping(t, cfg)
 
 	type want struct {
 		waiting, running int
