@@ -51,18 +51,26 @@ const (
 // and when ep last used the last of them.
 func (pl *Plugin) recordPrediction(st *state, ep *router.Endpoint) {
 	st.picked, st.predicted, st.hasPredStmp = ep, 0, false
+	n := 0
+	if st.scored && ep.Slot < len(st.committed) {
+		if n = int(st.committed[ep.Slot]); n < max(pl.p.MinMatchBlocks, 1) {
+			n = 0
+		}
+	}
+	if !pl.caps.learn && n == 0 {
+		return
+	}
+	var h uint64
+	if n > 0 {
+		h = st.hashes[n-1]
+	}
+	// One read lock for both: the pick path takes the index's lock as few times as it can.
+	tick, stamp, held := pl.index.TickAndStamp(ep.Slot, h, n > 0)
 	if pl.caps.learn {
-		st.pickTick = pl.index.Tick()
-	}
-	if !st.scored || ep.Slot >= len(st.committed) {
-		return
-	}
-	n := int(st.committed[ep.Slot])
-	if n < max(pl.p.MinMatchBlocks, 1) {
-		return
+		st.pickTick = tick
 	}
 	st.predicted = n
-	st.predStamp, st.hasPredStmp = pl.index.Stamp(ep.Slot, st.hashes[n-1])
+	st.predStamp, st.hasPredStmp = stamp, held
 }
 
 // evidence compares the server's cached_tokens with the prediction and trims the endpoint's

@@ -572,6 +572,20 @@ func (x *Index) move(src, dst uint32) {
 func (x *Index) Stamp(slot int, h uint64) (uint32, bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
+	return x.stampLocked(slot, h)
+}
+
+// TickAndStamp is Tick and, when want, Stamp(slot, h), under one read lock: a pick needs both.
+func (x *Index) TickAndStamp(slot int, h uint64, want bool) (tick, stamp uint32, held bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if want {
+		stamp, held = x.stampLocked(slot, h)
+	}
+	return x.tick, stamp, held
+}
+
+func (x *Index) stampLocked(slot int, h uint64) (uint32, bool) {
 	if slot >= len(x.eps) || x.eps[slot] == nil {
 		return 0, false
 	}

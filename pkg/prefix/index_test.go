@@ -151,6 +151,47 @@ func TestIndexTrimOlder(t *testing.T) {
 	}
 }
 
+// TestTickAndStampReadsTheClockAndTheStampTogether: what a pick reads under one lock is what
+// Tick and Stamp read one at a time.
+func TestTickAndStampReadsTheClockAndTheStampTogether(t *testing.T) {
+	x := NewIndex(1000)
+	a, b := chain(1, 10), chain(2, 10)
+	x.Insert(0, a)
+	x.Insert(0, b)
+	for _, c := range []struct {
+		name string
+		slot int
+		h    uint64
+		want bool
+		held bool
+	}{
+		{"older block held", 0, a[9], true, true},
+		{"newer block held", 0, b[0], true, true},
+		{"block not held", 0, chain(9, 1)[0], true, false},
+		{"endpoint unknown", 5, a[0], true, false},
+		{"no stamp wanted", 0, a[0], false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tick, stamp, held := x.TickAndStamp(c.slot, c.h, c.want)
+			if tick != x.Tick() {
+				t.Fatalf("tick %d, Tick() %d", tick, x.Tick())
+			}
+			ws, wh := x.Stamp(c.slot, c.h)
+			if !c.want {
+				ws, wh = 0, false
+			}
+			if held != c.held || held != wh || stamp != ws {
+				t.Fatalf("stamp %d held %v; Stamp gives %d %v, want held %v", stamp, held, ws, wh, c.held)
+			}
+		})
+	}
+	_, sa, _ := x.TickAndStamp(0, a[9], true)
+	_, sb, _ := x.TickAndStamp(0, b[0], true)
+	if sb <= sa {
+		t.Fatalf("stamp of the block inserted later %d, not after the earlier one's %d", sb, sa)
+	}
+}
+
 func TestIndexRemoveEndpointFreesEverything(t *testing.T) {
 	x := NewIndex(100_000)
 	for slot := range 8 {
