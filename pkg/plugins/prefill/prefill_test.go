@@ -275,8 +275,10 @@ func TestRequestsWithoutPromptCostOnlyTheirOverhead(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	if _, err := prefill.New(prefill.Params{RequestOverheadBlocks: -1}); err == nil {
-		t.Fatal("negative overhead accepted")
+	for _, p := range []prefill.Params{{RequestOverheadBlocks: -1}, {CostScaleBlocks: -1}} {
+		if _, err := prefill.New(p); err == nil {
+			t.Errorf("%+v accepted", p)
+		}
 	}
 }
 
