@@ -10,8 +10,12 @@ import json, math, random, sys
 
 def load(arg):
     path, _, pol = arg.partition(':')
+    try:
+        results = json.load(open(path))['results']
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f'{path}: not a cmd/replay --json report ({e})')
     out = {}
-    for r in json.load(open(path))['results']:
+    for r in results:
         if r['policy'] == (pol or 'kvpick'):
             out[(r.get('scenario', ''), r['workload'], r['seed'])] = r
     return out
@@ -40,7 +44,9 @@ def main():
     for (sc, wl), keys in groups.items():
         cells = []
         for q in ('p50', 'p90', 'p99'):
-            rs = [new[k]['ttft'][q] / old[k]['ttft'][q] for k in keys if old[k]['ttft'][q] > 0]
+            # A run with no TTFT (every request failed) has no ratio: it is left out.
+            rs = [new[k]['ttft'][q] / old[k]['ttft'][q] for k in keys
+                  if old[k]['ttft'][q] > 0 and new[k]['ttft'][q] > 0]
             if not rs:
                 cells.append('—')
                 continue
