@@ -165,8 +165,8 @@ func TestEvictionEvidenceTrimsWhatTheServerNoLongerHolds(t *testing.T) {
 			req := chatRequest(t, target, "q")
 			pl.Prepare(context.Background(), req)
 			scores(pl, req, eps[:2])
-			if m := MatchesOf(req).Blocks(eps[0]); m < 10 {
-				t.Fatalf("target predicted %d blocks on endpoint 0, want all of it", m)
+			if m := MatchesOf(req); m.Blocks(eps[0]) < 10 {
+				t.Fatalf("target predicted %d blocks on endpoint 0, want all of it", m.Blocks(eps[0]))
 			}
 			pl.Picked(req, eps[0])
 			pl.ResponseHeaders(req, eps[0], 200) // the server recomputed it: committed again
@@ -177,7 +177,8 @@ func TestEvictionEvidenceTrimsWhatTheServerNoLongerHolds(t *testing.T) {
 				r := chatRequest(t, system, "q")
 				pl.Prepare(context.Background(), r)
 				scores(pl, r, eps[:2])
-				n := MatchesOf(r).Blocks(eps[0])
+				m := MatchesOf(r)
+				n := m.Blocks(eps[0])
 				pl.Done(r, eps[0])
 				return n
 			}

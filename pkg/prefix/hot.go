@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"math/bits"
 	"sync"
 
 	"github.com/kvpick/kvpick/pkg/router"
@@ -95,22 +96,45 @@ func (hp *hotPrefixes) underReplicated(hashes []uint64, minMatch int, lens []int
 		depths++
 	}
 	hp.mu.Unlock()
+	// A depth can earn credit only if it wants copies on at least two candidates (one holder
+	// at least, fewer than wanted): when no depth does, the candidates need not be counted.
+	wanted := false
+	for i := range depths {
+		wanted = wanted || int(shares[i]*float64(len(eps))) >= 2
+	}
+	if !wanted {
+		return 0
+	}
+	// One pass over the candidates: bucket each by the deepest doubling its match reaches, then
+	// accumulate from the deepest bucket up, so that holders[i] counts the candidates holding at
+	// least minMatch << i blocks and shortest[i] is the shortest of their matches.
+	var holders [32]int
+	var shortest [32]int
+	for i := range depths {
+		shortest[i] = len(hashes)
+	}
+	for _, e := range eps {
+		m := int(lens[e.Slot])
+		if m < minMatch {
+			continue
+		}
+		k := min(bits.Len(uint(m/minMatch))-1, depths-1)
+		holders[k]++
+		shortest[k] = min(shortest[k], m)
+	}
+	for i := depths - 2; i >= 0; i-- {
+		holders[i] += holders[i+1]
+		shortest[i] = min(shortest[i], shortest[i+1])
+	}
 	credit := 0
 	for i, d := 0, minMatch; i < depths; i, d = i+1, d*2 {
-		holders, shortest := 0, len(hashes)
-		for _, e := range eps {
-			if m := int(lens[e.Slot]); m >= d {
-				holders++
-				shortest = min(shortest, m)
-			}
-		}
-		if holders == 0 {
+		if holders[i] == 0 {
 			break // deeper prefixes are held by no one either
 		}
-		if holders < int(shares[i]*float64(len(eps))) {
+		if holders[i] < int(shares[i]*float64(len(eps))) {
 			credit = d
-			if holders >= 2 {
-				credit = min(shortest, 2*d-1)
+			if holders[i] >= 2 {
+				credit = min(shortest[i], 2*d-1)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package prefix
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -185,4 +186,84 @@ func TestHotPrefixCreditsAreCounted(t *testing.T) {
 	if got := testutil.ToFloat64(pl.metrics.hotCredits) - before; got != 1 {
 		t.Fatalf("kvpick_prefix_hot_prefix_credits_total rose to %v after a request with nothing hot, want 1", got)
 	}
+}
+
+// underReplicatedByDepth is the credit computed the plain way, one pass over the candidates per
+// doubling: the reference the one-pass underReplicated must agree with.
+func underReplicatedByDepth(shares []float64, hashes int, minMatch int, lens []int32, eps []*router.Endpoint) int {
+	credit := 0
+	for i, d := 0, minMatch; i < len(shares); i, d = i+1, d*2 {
+		holders, shortest := 0, hashes
+		for _, e := range eps {
+			if m := int(lens[e.Slot]); m >= d {
+				holders++
+				shortest = min(shortest, m)
+			}
+		}
+		if holders == 0 {
+			break
+		}
+		if holders < int(shares[i]*float64(len(eps))) {
+			credit = d
+			if holders >= 2 {
+				credit = min(shortest, 2*d-1)
+			}
+		}
+	}
+	return credit
+}
+
+func TestUnderReplicatedAgreesWithOnePassPerDepth(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	credited := 0
+	const trials = 2000
+	for trial := range trials {
+		hp := newHotPrefixes()
+		n := 1 + rng.IntN(200)
+		hashes := make([]uint64, n)
+		for i := range hashes {
+			hashes[i] = rng.Uint64()
+		}
+		minMatch := 1 + rng.IntN(8)
+		// Traffic: a share of the requests (different in each trial) start with a random depth
+		// of this prompt, the rest with prompts of their own.
+		hot := 1 + rng.IntN(9)
+		for range hotMinRequests + rng.IntN(400) {
+			if rng.IntN(10) < hot {
+				hp.add(hashes[:n-rng.IntN(1+n/4)], minMatch)
+			} else {
+				hp.add([]uint64{rng.Uint64(), rng.Uint64(), rng.Uint64(), rng.Uint64()}, minMatch)
+			}
+		}
+		eps := endpoints(1 + rng.IntN(64))
+		lens := make([]int32, len(eps))
+		for i := range lens {
+			switch rng.IntN(6) {
+			case 0:
+				lens[i] = int32(rng.IntN(n + 1))
+			case 1:
+				lens[i] = int32(n)
+			default: // holds nothing
+			}
+		}
+		var shares []float64
+		hp.mu.Lock()
+		for d := minMatch; d <= n && len(shares) < 32; d *= 2 {
+			a, b := hotCells(hashes[d-1])
+			shares = append(shares, min(hp.rows[0][a], hp.rows[1][b])/hp.total)
+		}
+		hp.mu.Unlock()
+		want := underReplicatedByDepth(shares, n, minMatch, lens, eps)
+		if got := hp.underReplicated(hashes, minMatch, lens, eps); got != want {
+			t.Fatalf("trial %d (prompt %d blocks, minMatch %d, lens %v): credit %d, the per-depth passes give %d", trial, n, minMatch, lens, got, want)
+		}
+		if want > 0 {
+			credited++
+		}
+	}
+	// The comparison must cover credits, not only the no-credit answer.
+	if credited < trials/10 {
+		t.Fatalf("only %d of %d trials gave the prefix any credit: the test no longer covers credits", credited, trials)
+	}
+	t.Logf("%d of %d trials credited", credited, trials)
 }

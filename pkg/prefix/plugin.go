@@ -258,8 +258,11 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	// sketch's lock is not taken for it (unshared prompts).
 	if pl.hot != nil && best >= minMatch {
 		if d := pl.hot.underReplicated(st.hashes, minMatch, st.lens, eps); d > 0 {
-			for i := range eps {
-				scores[i] = max(scores[i], float64(d)/total)
+			credit := float64(d) / total
+			for i, v := range scores[:len(eps)] {
+				if v < credit {
+					scores[i] = credit
+				}
 			}
 			if pl.metrics != nil {
 				pl.metrics.hotCredits.Inc()
@@ -460,14 +463,14 @@ type Matches struct {
 
 // Pending reports whether ep's match rests on a pending record: the prompt's prefix is being
 // computed there right now for a request picked moments ago, not yet confirmed by a response.
-func (m Matches) Pending(ep *router.Endpoint) bool {
+func (m *Matches) Pending(ep *router.Endpoint) bool {
 	return ep.Slot < len(m.lens) && ep.Slot < len(m.committed) && m.lens[ep.Slot] > m.committed[ep.Slot]
 }
 
 // TailAge returns the age of ep's least recently used indexed block, in commits, or NotFull
 // when ep's LRU has room: how stale the blocks are that a new prompt would push out there
 // (Index.TailAges).
-func (m Matches) TailAge(ep *router.Endpoint) uint32 {
+func (m *Matches) TailAge(ep *router.Endpoint) uint32 {
 	if ep.Slot < len(m.ages) {
 		return m.ages[ep.Slot]
 	}
@@ -479,7 +482,7 @@ func (m Matches) TailAge(ep *router.Endpoint) uint32 {
 // references as free: a prompt takes free room for every block beyond this count, even those
 // the endpoint still caches. Computed once per Score, on the first call. Without
 // KeepRunningRecords there are no records and it returns 0.
-func (m Matches) RunningBlocks(ep *router.Endpoint) int {
+func (m *Matches) RunningBlocks(ep *router.Endpoint) int {
 	st := m.st
 	if st == nil || st.owner == nil {
 		return 0
@@ -500,7 +503,7 @@ func (m Matches) RunningBlocks(ep *router.Endpoint) int {
 // trimmed or grown the index's capacity for it, or lifted it with its pool's, that capacity
 // over the share of a cache the index assumes reusable. 0 when the server reports its own size
 // (Metrics.CapacityTokens is then the figure) or nothing has been learned.
-func (m Matches) LearnedCacheTokens(ep *router.Endpoint) float64 {
+func (m *Matches) LearnedCacheTokens(ep *router.Endpoint) float64 {
 	if m.st == nil || m.st.owner == nil {
 		return 0
 	}
@@ -508,7 +511,7 @@ func (m Matches) LearnedCacheTokens(ep *router.Endpoint) float64 {
 }
 
 // Blocks returns the number of leading prompt blocks ep likely holds.
-func (m Matches) Blocks(ep *router.Endpoint) int {
+func (m *Matches) Blocks(ep *router.Endpoint) int {
 	if ep.Slot < len(m.lens) {
 		return int(m.lens[ep.Slot])
 	}

@@ -53,7 +53,7 @@ func (x *Explanation) begin(scorers []WeightedScorer, eps []*Endpoint) {
 // record keeps scorer j's clamped scores.
 func (x *Explanation) record(j int, scores []float64) {
 	for i, v := range scores {
-		x.Candidates[i].Scores[j] = min(max(v, 0), 1)
+		x.Candidates[i].Scores[j] = clamp01(v)
 	}
 }
 

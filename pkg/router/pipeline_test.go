@@ -2,7 +2,9 @@ package router_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/kvpick/kvpick/pkg/router"
@@ -109,6 +111,49 @@ func TestScheduleCombinesWeightedScores(t *testing.T) {
 				t.Fatalf("picked %s, want %s", d.Endpoint.Addr, tc.want)
 			}
 			p.Done(&router.Request{}, d.Endpoint)
+		})
+	}
+}
+
+func TestScheduleClampsEachScoreToZeroOne(t *testing.T) {
+	eps := endpoints(2)
+	nan := math.NaN()
+	tests := []struct {
+		name string
+		// bad is a misbehaving scorer's scores for eps[0] and eps[1], weight 10; fair scores
+		// eps[1] 1 and eps[0] 0, weight 1. Clamped to [0, 1] and NaN taken as 0, bad can only
+		// win by what it gives eps[0] over eps[1] — within one unit per unit of weight.
+		bad  [2]float64
+		want string
+	}{
+		{"a huge score counts as 1", [2]float64{1e9, 1}, eps[1].Addr},
+		{"a negative score counts as 0", [2]float64{0, -1e9}, eps[1].Addr},
+		// Unclamped, a NaN sum never compares greater, so the picker would keep eps[0].
+		{"NaN counts as 0, not as a poisoned sum", [2]float64{0, nan}, eps[1].Addr},
+		{"NaN on the first endpoint counts as 0 too", [2]float64{nan, 0}, eps[1].Addr},
+		{"+Inf counts as 1", [2]float64{math.Inf(1), 1}, eps[1].Addr},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := &fixedScorer{"bad", map[string]float64{eps[0].Addr: tc.bad[0], eps[1].Addr: tc.bad[1]}}
+			fair := &fixedScorer{"fair", map[string]float64{eps[0].Addr: 0, eps[1].Addr: 1}}
+			p, err := router.New(router.Config{Pool: eps, Plugins: []router.Plugin{bad, fair, maxPicker{}}, Weights: map[string]float64{"bad": 10, "fair": 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := &router.Request{Explain: &router.Explanation{}}
+			d, err := p.Schedule(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Done(req, d.Endpoint)
+			if d.Endpoint.Addr != tc.want {
+				t.Fatalf("picked %s, want %s", d.Endpoint.Addr, tc.want)
+			}
+			// The explanation (the explain header's JSON) carries the clamped scores.
+			if _, err := json.Marshal(req.Explain); err != nil {
+				t.Fatalf("explanation does not encode: %v", err)
+			}
 		})
 	}
 }

@@ -11,6 +11,7 @@ package loadguard
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/kvpick/kvpick/pkg/router"
 )
@@ -58,13 +59,22 @@ func (f *Filter) Filter(_ context.Context, req *router.Request, eps []*router.En
 	if len(eps) < 2 {
 		return eps
 	}
-	least := eps[0].Load(req.Now)
-	for _, e := range eps[1:] {
-		least = min(least, e.Load(req.Now))
+	// Each endpoint's load is read once: Load reads two counters and the scraped metrics, and
+	// one snapshot keeps both passes consistent while other requests pick and end.
+	var buf [256]int64
+	loads := buf[:0]
+	if len(eps) > len(buf) {
+		loads = make([]int64, 0, len(eps))
+	}
+	least := int64(math.MaxInt64)
+	for _, e := range eps {
+		l := e.Load(req.Now)
+		loads = append(loads, l)
+		least = min(least, l)
 	}
 	out := eps[:0]
-	for _, e := range eps {
-		if !f.Over(e.Load(req.Now), least) {
+	for i, e := range eps {
+		if !f.Over(loads[i], least) {
 			out = append(out, e)
 		}
 	}

@@ -25,6 +25,8 @@ func TestLoadGuardExcludesOnlyWhenBothMarginsAreExceeded(t *testing.T) {
 		{"absolute exceeded, relative not", []int64{100, 106, 120}, []int{0, 1, 2}},
 		{"idle pool, one hot", []int64{0, 0, 9}, []int{0, 1}},
 		{"single endpoint always kept", []int64{50}, []int{0}},
+		// More endpoints than the guard's on-stack buffer of loads: the least loaded sits last.
+		{"a pool of 300, the least loaded last", append(repeat(20, 299), 1), seq(299, 300)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -41,4 +43,20 @@ func TestLoadGuardExcludesOnlyWhenBothMarginsAreExceeded(t *testing.T) {
 	if _, err := loadguard.New(loadguard.Params{AbsoluteMargin: -1}); err == nil {
 		t.Error("negative margin accepted")
 	}
+}
+
+func repeat(load int64, n int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = load
+	}
+	return out
+}
+
+func seq(from, to int) []int {
+	var out []int
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
 }

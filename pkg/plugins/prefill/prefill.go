@@ -138,7 +138,7 @@ func New(p Params) (*Scorer, error) {
 func (*Scorer) Name() string { return Name }
 
 // work is the prefill work, in blocks, that a request with matches m brings to ep.
-func (s *Scorer) work(m prefix.Matches, ep *router.Endpoint) int64 {
+func (s *Scorer) work(m *prefix.Matches, ep *router.Endpoint) int64 {
 	return int64(m.Total - m.Blocks(ep) + s.p.RequestOverheadBlocks)
 }
 
@@ -167,7 +167,7 @@ func (s *Scorer) Score(_ context.Context, req *router.Request, eps []*router.End
 	least := int64(-1)
 	m := prefix.MatchesOf(req)
 	for _, e := range eps {
-		c := s.queued(e, m, req) + s.work(m, e)
+		c := s.queued(e, &m, req) + s.work(&m, e)
 		costs = append(costs, c)
 		if least < 0 || c < least {
 			least = c
@@ -182,7 +182,7 @@ func (s *Scorer) Score(_ context.Context, req *router.Request, eps []*router.End
 }
 
 // queued is the prefill work a request would wait for on e, in blocks.
-func (s *Scorer) queued(e *router.Endpoint, m prefix.Matches, req *router.Request) int64 {
+func (s *Scorer) queued(e *router.Endpoint, m *prefix.Matches, req *router.Request) int64 {
 	q := max(e.QueuedPrefill(), 0)
 	if !m.Pending(e) {
 		q = max(q-e.PrefillHead()/2, 0)
@@ -195,7 +195,8 @@ func (s *Scorer) queued(e *router.Endpoint, m prefix.Matches, req *router.Reques
 
 // Picked charges the endpoint with the request's predicted uncached blocks.
 func (s *Scorer) Picked(req *router.Request, ep *router.Endpoint) {
-	n := s.work(prefix.MatchesOf(req), ep)
+	m := prefix.MatchesOf(req)
+	n := s.work(&m, ep)
 	c := &charge{ep: ep, blocks: n, seq: req.PickSeq, streamed: req.Body != nil && req.Body.Stream}
 	ep.AddQueuedPrefill(n)
 	s.mu.Lock()
