@@ -69,6 +69,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	pickerMetrics := fs.String("picker-metrics-addr", "", "with --picker-addr: the picker's metrics host:port, for its decision latency and memory")
 	pickerTLS := fs.Bool("picker-tls", false, "with --picker-addr: the picker serves TLS (certificate not verified)")
 	printEndpoints := fs.Bool("print-endpoints", false, "print the --endpoints value of a picker in front of --engines engines and exit")
+	pickerLog := fs.String("picker-log", "", "write each run's picker log into this directory (created), one file per run: SCENARIO-WORKLOAD-seedN.log")
+	pickerLogLevel := fs.String("picker-log-level", "", `the started pickers' --log-level: debug (every decision with each candidate's scores; request_id "replay-N" is --records' id N), info (the default), warn or error`)
 	jsonOut := fs.String("json", "", "write every number and the run's parameters to this JSON file")
 	recordsOut := fs.String("records", "", "write every request of every run to this file, one JSON line each (engine, TTFT, cached tokens, admission wait, the turn it follows: docs/replay.md)")
 	svgDir := fs.String("svg", "", "write charts (hit-ratio.svg, ttft.svg per scenario) into this directory")
@@ -160,6 +162,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if _, err := replay.ParseKVBlocks(*kvBlocks, *engines); err != nil {
 		return fmt.Errorf("--kv-blocks: %w", err)
 	}
+	switch *pickerLogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("--picker-log-level %q: want debug, info, warn or error", *pickerLogLevel)
+	}
+	if (*pickerLog != "" || *pickerLogLevel != "") && *pickerAddr != "" {
+		return errors.New("--picker-log and --picker-log-level: the replay does not start a picker with --picker-addr")
+	}
+	if *pickerLog != "" {
+		if err := os.MkdirAll(*pickerLog, 0o755); err != nil {
+			return fmt.Errorf("--picker-log: %w", err)
+		}
+	}
+	o.PickerLogDir, o.PickerLogLevel = *pickerLog, *pickerLogLevel
 	if !*quiet {
 		o.Progress = stderr
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -55,6 +56,11 @@ type Options struct {
 	// /metrics host:port (optional); PickerTLS: it serves TLS.
 	PickerAddr, PickerMetricsAddr string
 	PickerTLS                     bool
+	// PickerLogDir, if set, receives each started picker's whole log, one file per run
+	// (SCENARIO-WORKLOAD-seedN.log); PickerLogLevel is the picker's --log-level ("" leaves its
+	// info): "debug" logs every decision with each candidate's scores, its request_id
+	// "replay-N" the N of the run's RequestRecord.
+	PickerLogDir, PickerLogLevel string
 
 	// Progress receives the progress display (stderr); nil for none.
 	Progress io.Writer
@@ -587,7 +593,12 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 				rc.ScrapeOff = true
 			}
 			// A fresh picker per run: its index must not remember the previous one.
-			p, err = StartPicker(ctx, bin, setup.Config, tmp)
+			var run PickerRun
+			if o.PickerLogDir != "" {
+				run.LogFile = filepath.Join(o.PickerLogDir, fmt.Sprintf("%s-%s-seed%d.log", sc.Name, w.Name, seed))
+			}
+			run.LogLevel = o.PickerLogLevel
+			p, err = StartPickerRun(ctx, bin, setup.Config, tmp, run)
 			if err != nil {
 				return nil, err
 			}

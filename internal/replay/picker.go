@@ -201,11 +201,26 @@ type Picker struct {
 // StartPicker runs the picker binary on free loopback ports with cfg and waits until its
 // readiness health check says SERVING.
 func StartPicker(ctx context.Context, bin string, cfg *config.Config, dir string) (*Picker, error) {
+	return StartPickerRun(ctx, bin, cfg, dir, PickerRun{})
+}
+
+// PickerRun is how one run's picker logs: to LogFile when set (its whole log), at LogLevel
+// when set (its --log-level; the default is info).
+type PickerRun struct {
+	LogFile, LogLevel string
+}
+
+// StartPickerRun is StartPicker with the run's logging.
+func StartPickerRun(ctx context.Context, bin string, cfg *config.Config, dir string, run PickerRun) (*Picker, error) {
 	b, err := json.MarshalIndent(cfg, "", "  ") // JSON is YAML
 	if err != nil {
 		return nil, err
 	}
-	proc, err := pickerproc.Start(ctx, pickerproc.Options{Bin: bin, Config: b, Dir: dir})
+	var args []string
+	if run.LogLevel != "" {
+		args = append(args, "--log-level="+run.LogLevel)
+	}
+	proc, err := pickerproc.Start(ctx, pickerproc.Options{Bin: bin, Config: b, Dir: dir, Args: args, LogFile: run.LogFile})
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -518,5 +519,52 @@ func TestPickerConfigStartsFromThePickerBinarysDefaults(t *testing.T) {
 	_, err := PickerConfig(PickerOptions{Defaults: []byte("fromTheFuture: true\n"), Endpoints: []string{"127.0.0.1:1"}, Clock: ClockVirtual})
 	if err == nil || !strings.Contains(err.Error(), "the picker binary's default configuration") {
 		t.Fatalf("unreadable binary defaults: err %v", err)
+	}
+}
+
+// TestPickerLogHasEveryDecisionByRecordID: with PickerLogDir and PickerLogLevel "debug", each
+// run's picker log lands in its own file, with one "routed" line per request whose request_id
+// "replay-N" names record N and whose endpoint is the engine record N was served by.
+func TestPickerLogHasEveryDecisionByRecordID(t *testing.T) {
+	bin := picker(t)
+	dir := t.TempDir()
+	var records bytes.Buffer
+	_, err := Benchmark(context.Background(), Options{
+		Workloads: []string{"hot-prefix"}, Policies: []string{KVPick}, Seeds: []uint64{3}, Engines: 3, Requests: 40,
+		Clock: ClockVirtual, PickerBin: bin, PickerLogDir: dir, PickerLogLevel: "debug", Records: &records,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engineOf := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(records.String()), "\n") {
+		var r RequestRecord
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		engineOf[fmt.Sprintf("replay-%d", r.ID)] = DefaultEndpointBase.Addr(r.Engine)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "default-hot-prefix-seed3.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	routed := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		var l struct {
+			Msg        string            `json:"msg"`
+			RequestID  string            `json:"request_id"`
+			Endpoint   string            `json:"endpoint"`
+			Candidates []json.RawMessage `json:"candidates"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "routed" {
+			continue
+		}
+		routed++
+		if want, ok := engineOf[l.RequestID]; !ok || l.Endpoint != want || len(l.Candidates) != 3 {
+			t.Fatalf("routed %s to %s with %d candidates; its record says %q", l.RequestID, l.Endpoint, len(l.Candidates), want)
+		}
+	}
+	if routed != 40 || len(engineOf) != 40 {
+		t.Fatalf("%d routed lines, %d records; want 40 of each", routed, len(engineOf))
 	}
 }
