@@ -70,7 +70,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	pickerTLS := fs.Bool("picker-tls", false, "with --picker-addr: the picker serves TLS (certificate not verified)")
 	printEndpoints := fs.Bool("print-endpoints", false, "print the --endpoints value of a picker in front of --engines engines and exit")
 	pickerLog := fs.String("picker-log", "", "write each run's picker log into this directory (created), one file per run: SCENARIO-WORKLOAD-seedN.log")
-	pickerLogLevel := fs.String("picker-log-level", "", `the started pickers' --log-level: debug (every decision with each candidate's scores; request_id "replay-N" is --records' id N), info (the default), warn or error`)
+	pickerLogLevel := fs.String("picker-log-level", "", `the started pickers' --log-level: debug (every decision with each candidate's scores; request_id "replay-N" is --records' id N) or info (the default; the replay reads the picker's info-level "picker serving" line, so nothing quieter)`)
 	jsonOut := fs.String("json", "", "write every number and the run's parameters to this JSON file")
 	recordsOut := fs.String("records", "", "write every request of every run to this file, one JSON line each (engine, TTFT, cached tokens, admission wait, the turn it follows: docs/replay.md)")
 	svgDir := fs.String("svg", "", "write charts (hit-ratio.svg, ttft.svg per scenario) into this directory")
@@ -163,9 +163,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--kv-blocks: %w", err)
 	}
 	switch *pickerLogLevel {
-	case "", "debug", "info", "warn", "error":
+	case "", "debug", "info":
 	default:
-		return fmt.Errorf("--picker-log-level %q: want debug, info, warn or error", *pickerLogLevel)
+		return fmt.Errorf("--picker-log-level %q: want debug or info (the replay needs the picker's info-level \"picker serving\" line)", *pickerLogLevel)
 	}
 	if (*pickerLog != "" || *pickerLogLevel != "") && *pickerAddr != "" {
 		return errors.New("--picker-log and --picker-log-level: the replay does not start a picker with --picker-addr")

@@ -36,6 +36,7 @@ func TestBadFlagsNameTheProblem(t *testing.T) {
 		{[]string{"--picker-capacity-factor", "-1"}, "--picker-capacity-factor"},
 		{[]string{"--load-scale", "-0.5"}, "--load-scale"},
 		{[]string{"--picker-log-level", "verbose"}, "--picker-log-level"},
+		{[]string{"--picker-log-level", "warn"}, "--picker-log-level"},
 		{[]string{"--picker-log", "logs", "--picker-addr", "127.0.0.1:9002"}, "--picker-log"},
 		{[]string{"--picker-log", "/dev/null/logs", "--clock", "virtual", "--workloads", "hot-prefix", "--requests", "5", "--policies", "round-robin"}, "--picker-log"},
 		{[]string{"--records", "/nonexistent/dir/records.jsonl", "--clock", "virtual", "--workloads", "hot-prefix", "--requests", "5", "--policies", "round-robin"}, "--records"},

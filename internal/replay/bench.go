@@ -58,7 +58,7 @@ type Options struct {
 	PickerTLS                     bool
 	// PickerLogDir, if set, receives each started picker's whole log, one file per run
 	// (SCENARIO-WORKLOAD-seedN.log); PickerLogLevel is the picker's --log-level ("" leaves its
-	// info): "debug" logs every decision with each candidate's scores, its request_id
+	// info; nothing quieter, or its "picker serving" line is not logged): "debug" logs every decision with each candidate's scores, its request_id
 	// "replay-N" the N of the run's RequestRecord.
 	PickerLogDir, PickerLogLevel string
 
