@@ -58,8 +58,9 @@ type Options struct {
 	PickerTLS                     bool
 	// PickerLogDir, if set, receives each started picker's whole log, one file per run
 	// (SCENARIO-WORKLOAD-seedN.log); PickerLogLevel is the picker's --log-level ("" leaves its
-	// info; nothing quieter, or its "picker serving" line is not logged): "debug" logs every decision with each candidate's scores, its request_id
-	// "replay-N" the N of the run's RequestRecord.
+	// info; nothing quieter, or its "picker serving" line is not logged): "debug" logs every
+	// decision with each candidate's scores, its request_id "replay-N" the N of the run's
+	// RequestRecord.
 	PickerLogDir, PickerLogLevel string
 
 	// Progress receives the progress display (stderr); nil for none.
@@ -598,7 +599,7 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 				run.LogFile = filepath.Join(o.PickerLogDir, fmt.Sprintf("%s-%s-seed%d.log", sc.Name, w.Name, seed))
 			}
 			run.LogLevel = o.PickerLogLevel
-			p, err = StartPickerRun(ctx, bin, setup.Config, tmp, run)
+			p, err = StartPicker(ctx, bin, setup.Config, tmp, run)
 			if err != nil {
 				return nil, err
 			}

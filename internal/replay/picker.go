@@ -198,20 +198,15 @@ type Picker struct {
 	stopErr  error
 }
 
-// StartPicker runs the picker binary on free loopback ports with cfg and waits until its
-// readiness health check says SERVING.
-func StartPicker(ctx context.Context, bin string, cfg *config.Config, dir string) (*Picker, error) {
-	return StartPickerRun(ctx, bin, cfg, dir, PickerRun{})
-}
-
 // PickerRun is how one run's picker logs: to LogFile when set (its whole log), at LogLevel
-// when set (its --log-level; the default is info).
+// when set (its --log-level; the default is info). The zero PickerRun keeps only the log's tail.
 type PickerRun struct {
 	LogFile, LogLevel string
 }
 
-// StartPickerRun is StartPicker with the run's logging.
-func StartPickerRun(ctx context.Context, bin string, cfg *config.Config, dir string, run PickerRun) (*Picker, error) {
+// StartPicker runs the picker binary on free loopback ports with cfg, logging as run says, and
+// waits until its readiness health check says SERVING.
+func StartPicker(ctx context.Context, bin string, cfg *config.Config, dir string, run PickerRun) (*Picker, error) {
 	b, err := json.MarshalIndent(cfg, "", "  ") // JSON is YAML
 	if err != nil {
 		return nil, err

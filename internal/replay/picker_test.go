@@ -82,7 +82,7 @@ func startKVPickAt(t *testing.T, base EndpointBase, n int, clock string, capacit
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := StartPicker(context.Background(), bin, setup.Config, t.TempDir())
+	p, err := StartPicker(context.Background(), bin, setup.Config, t.TempDir(), PickerRun{})
 	if err != nil {
 		t.Fatal(err)
 	}
