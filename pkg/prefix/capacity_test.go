@@ -305,6 +305,40 @@ func TestLearnedCapacityShrinksToWhatATrimKept(t *testing.T) {
 	check("after growth on the trimmed endpoint 0 to 100", [4]int{100, 30000, 30000, 850})
 }
 
+// TestGrowthLiftsAnotherEndpointOnlyUpToItsUsageFloor: growth seen on one endpoint lifts the
+// unbounded others to what it showed, except that an endpoint with a usage floor is lifted only
+// up to its floor (its own server's evidence); one whose floor is higher keeps its floor's
+// share; an endpoint's own growth is not bounded by its floor.
+func TestGrowthLiftsAnotherEndpointOnlyUpToItsUsageFloor(t *testing.T) {
+	pl, eps := learnPlugin(t, 1000, true) // 16 tokens per 64-byte index block
+	report(pl, eps[3], 1000, 16)          // 850 index blocks, from the server
+	setFloor := func(ep *router.Endpoint, blocks float64) {
+		pl.caps.floor(ep, blocks*16) // twice: the smaller of the last two bounds counts
+		pl.caps.floor(ep, blocks*16)
+	}
+	setFloor(eps[1], 3000) // raises its capacity to the floor's share, 0.7 × 3,000
+	setFloor(eps[2], 8000) // 5,600
+	pl.caps.settle()
+	check := func(when string, want [4]int) {
+		t.Helper()
+		for ep, w := range want {
+			if got := pl.index.CapacityOf(ep); got != w {
+				t.Errorf("%s: endpoint %d capacity %d, want %d", when, ep, got, w)
+			}
+		}
+	}
+	check("after the floors", [4]int{1000, 2100, 5600, 850})
+	pl.caps.grow(eps[0], 10, 5000)
+	pl.caps.settle()
+	check("after growth on endpoint 0 to 5,000", [4]int{5000, 3000, 5600, 850})
+	pl.caps.grow(eps[1], 10, 4000)
+	pl.caps.settle()
+	check("after growth on endpoint 1 to 4,000", [4]int{5000, 4000, 5600, 850})
+	pl.caps.grow(eps[2], 10, 9000)
+	pl.caps.settle()
+	check("after growth on endpoint 2 to 9,000", [4]int{9000, 4000, 9000, 850})
+}
+
 // TestLearnedCacheTokensAreWhatTheEvidenceTaught: for servers that report no cache size, the
 // size learned from their cached_tokens reports is published for the decision path (kv-fit's
 // free room), as the whole cache: the learned index capacity over the reusable share. Nothing
