@@ -24,11 +24,13 @@ import (
 	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
 // Deps are what plugins may need from the process.
 type Deps struct {
 	Registerer prometheus.Registerer // nil: no metrics
+	Logger     *zap.Logger           // nil: the plugins log nothing
 }
 
 type factory func(params json.RawMessage, d Deps) (router.Plugin, error)
@@ -66,7 +68,7 @@ var factories = map[string]factory{
 		if err := decode(prefix.Name, raw, &p); err != nil {
 			return nil, err
 		}
-		return prefix.New(p, d.Registerer)
+		return prefix.New(p, d.Registerer, prefix.WithLogger(d.Logger))
 	},
 }
 

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"go.uber.org/zap"
+
 	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/router"
 )
@@ -69,6 +71,8 @@ type capacities struct {
 
 	// applied is told each endpoint's new capacity (metrics); nil: nobody listens.
 	applied func(ep *router.Endpoint, blocks int)
+	// log gets each endpoint's new capacity at debug level (never nil).
+	log *zap.Logger
 	// floored is told each endpoint's new usage floor in usable tokens (metrics), under mu.
 	floored func(ep *router.Endpoint, tokens float64)
 
@@ -111,6 +115,7 @@ func newCapacities(x *Index, p Params) *capacities {
 		live:          map[*router.Endpoint]int{},
 		learned:       map[*router.Endpoint]*learning{},
 		ghost:         map[*router.Endpoint]bool{},
+		log:           zap.NewNop(),
 	}
 	x.SetGhosts(c.learn)
 	c.idle.L = &c.mu
@@ -321,16 +326,50 @@ func (c *capacities) apply() {
 			c.index.SetGhost(g.ep.Slot, g.on)
 		}
 	}
-	if c.applied != nil {
+	debug := c.log.Core().Enabled(zap.DebugLevel)
+	var lines [][]zap.Field
+	if c.applied != nil || debug {
 		// Under mu, for live endpoints only: the plugin forgets a removed endpoint's series
 		// after it left live, so a late run cannot bring the series back.
 		c.mu.Lock()
 		for _, p := range changed {
-			if _, live := c.live[p.ep]; live {
+			if _, live := c.live[p.ep]; !live {
+				continue
+			}
+			if c.applied != nil {
 				c.applied(p.ep, p.cap)
+			}
+			if debug {
+				lines = append(lines, c.capacityFieldsLocked(p))
 			}
 		}
 		c.mu.Unlock()
+	}
+	// Logged without mu, which the response path takes.
+	for _, f := range lines {
+		c.log.Debug("prefix index capacity", f...)
+	}
+}
+
+// capacityFieldsLocked describes one endpoint's new index capacity and what it came from, for
+// a debug line: with the routed lines of the same log it shows when a capacity went wrong
+// (docs/benchmarks.md, "Growth lifts up to the floor", was diagnosed that way).
+func (c *capacities) capacityFieldsLocked(p plan) []zap.Field {
+	source := "default"
+	var learned, floor float64
+	bounded := false
+	if t := c.reported[p.ep]; t > 0 {
+		source = "reported"
+	} else if l := c.learned[p.ep]; l != nil {
+		learned, floor, bounded = l.tokens, l.floor, l.bounded
+		if l.tokens > 0 {
+			source = "learned"
+		}
+	}
+	return []zap.Field{
+		zap.String("endpoint", p.ep.Addr), zap.Int("blocks", p.cap), zap.String("source", source),
+		zap.Int64("reported_tokens", c.reported[p.ep]), zap.Float64("learned_tokens", math.Round(learned)),
+		zap.Float64("usage_floor_tokens", math.Round(floor)), zap.Bool("bounded", bounded),
 	}
 }
 

@@ -11,6 +11,9 @@ import (
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/router"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // poolPlugin returns a plugin with p (and the fields every capacity test shares) in front of
@@ -337,6 +340,49 @@ func TestGrowthLiftsAnotherEndpointOnlyUpToItsUsageFloor(t *testing.T) {
 	pl.caps.grow(eps[2], 10, 9000)
 	pl.caps.settle()
 	check("after growth on endpoint 2 to 9,000", [4]int{9000, 4000, 9000, 850})
+}
+
+// TestCapacityChangesAreLoggedAtDebugLevel: with a logger, each change of an endpoint's index
+// capacity is one debug line naming the endpoint, the new capacity and what it came from; a
+// logger above debug level gets nothing.
+func TestCapacityChangesAreLoggedAtDebugLevel(t *testing.T) {
+	for _, level := range []zapcore.Level{zapcore.DebugLevel, zapcore.InfoLevel} {
+		t.Run(level.String(), func(t *testing.T) {
+			core, logs := observer.New(level)
+			p := Params{LRUCapacityPerEndpoint: 1000, CapacityFromMetrics: true, LearnCapacity: true}
+			p.BlockSize, p.MaxBlocksPerRequest, p.MinMatchBlocks = 64, 1000, 2
+			p.PendingTTL, p.CalibrateCapacity, p.EvictionEvidence = config.Duration(time.Minute), true, true
+			pl, err := New(p, nil, WithLogger(zap.New(core)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps := endpoints(2)
+			pl.EndpointsChanged(eps, nil)
+			pl.caps.settle()
+			report(pl, eps[1], 1000, 16) // 850 index blocks, from the server
+			pl.caps.settle()
+			pl.caps.grow(eps[0], 10, 3000)
+			pl.caps.settle()
+			lines := logs.FilterMessage("prefix index capacity").All()
+			if level > zapcore.DebugLevel {
+				if len(lines) != 0 {
+					t.Fatalf("%d capacity lines at %s, want none", len(lines), level)
+				}
+				return
+			}
+			got := map[string]string{}
+			for _, l := range lines {
+				f := l.ContextMap()
+				got[fmt.Sprint(f["endpoint"])] = fmt.Sprintf("%v/%v", f["blocks"], f["source"])
+			}
+			want := map[string]string{eps[0].Addr: "3000/learned", eps[1].Addr: "850/reported"}
+			for ep, w := range want {
+				if got[ep] != w {
+					t.Errorf("last capacity line for %s: %q, want %q (all: %v)", ep, got[ep], w, got)
+				}
+			}
+		})
+	}
 }
 
 // TestLearnedCacheTokensAreWhatTheEvidenceTaught: for servers that report no cache size, the

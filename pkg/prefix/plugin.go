@@ -17,6 +17,7 @@ import (
 	"github.com/kvpick/kvpick/pkg/openai"
 	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
 // Name is the plugin's name in config files.
@@ -147,8 +148,21 @@ type state struct {
 	hasPredStmp bool
 }
 
+// Option sets an optional part of the plugin.
+type Option func(*Plugin)
+
+// WithLogger has the plugin log to l (at debug level: every change of an endpoint's index
+// capacity); without it the plugin logs nothing.
+func WithLogger(l *zap.Logger) Option {
+	return func(pl *Plugin) {
+		if l != nil {
+			pl.caps.log = l.With(zap.String("plugin", Name))
+		}
+	}
+}
+
 // New returns the plugin. reg may be nil (no metrics).
-func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
+func New(p Params, reg prometheus.Registerer, opts ...Option) (*Plugin, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
@@ -168,6 +182,9 @@ func New(p Params, reg prometheus.Registerer) (*Plugin, error) {
 	if pl.metrics != nil {
 		pl.caps.applied = pl.metrics.setCapacity
 		pl.caps.floored = pl.metrics.setFloor
+	}
+	for _, o := range opts {
+		o(pl)
 	}
 	return pl, nil
 }

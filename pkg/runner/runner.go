@@ -89,7 +89,7 @@ func build(cfg *config.Config, log *zap.Logger) (*Picker, []string, error) {
 		return nil, nil, err
 	}
 	reg := prometheus.NewRegistry()
-	built, err := plugins.Build(cfg.Plugins, plugins.Deps{Registerer: reg})
+	built, err := plugins.Build(cfg.Plugins, plugins.Deps{Registerer: reg, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}
