@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/pkg/router"
+	"go.uber.org/zap"
 )
 
 // A server that reports no cache size still reports how much of it is in use: vLLM's
@@ -161,28 +162,38 @@ func (pl *Plugin) usageFloor(ep *router.Endpoint, m *router.Metrics) {
 		return
 	}
 	// In usable tokens, the unit of learned capacities (reportedUsableShare of the cache).
-	pl.caps.floor(ep, float64(own)*pl.caps.tokensPerBlock()/m.KVUsage*reportedUsableShare)
+	bound := float64(own) * pl.caps.tokensPerBlock() / m.KVUsage * reportedUsableShare
+	if f, rose := pl.caps.floor(ep, bound); rose && pl.caps.log.Core().Enabled(zap.DebugLevel) {
+		// What the floor was taken from: a floor only rises, so one that overshoots stays; the
+		// scrape that raised it says why (docs/benchmarks.md, "Growth lifts up to the floor").
+		pl.caps.log.Debug("prefix usage floor",
+			zap.String("endpoint", ep.Addr), zap.Float64("usage_floor_tokens", math.Round(f)),
+			zap.Float64("bound_tokens", math.Round(bound)), zap.Int("own_blocks", own),
+			zap.Float64("kv_usage", m.KVUsage), zap.Int("waiting", m.Waiting), zap.Int("running", m.Running))
+	}
 }
 
 // floor takes one scrape's bound on ep's usable cache tokens. The smaller of the last two
 // bounds counts, so that one scrape that counted a request the server had just finished (its
-// end not yet seen by the picker) cannot set the floor alone; a floor only rises.
-func (c *capacities) floor(ep *router.Endpoint, bound float64) {
+// end not yet seen by the picker) cannot set the floor alone; a floor only rises. It returns
+// the floor and whether this bound raised it.
+func (c *capacities) floor(ep *router.Endpoint, bound float64) (floor float64, rose bool) {
 	c.mu.Lock()
 	if _, live := c.live[ep]; !live || c.reported[ep] > 0 {
 		c.mu.Unlock()
-		return
+		return 0, false
 	}
 	l := c.learningLocked(ep)
 	f := min(bound, l.lastBound, c.configuredTokens()*learnMaxFactor)
 	l.lastBound = bound
 	changed := false
 	if f > l.floor {
-		l.floor, changed = f, true
+		l.floor, changed, rose = f, true, true
 		if c.floored != nil {
 			c.floored(ep, f)
 		}
 	}
+	floor = l.floor
 	// The index's share, checked on every bound: the default capacity an endpoint without
 	// learned tokens follows can fall below it after the floor was set. Only a capacity below
 	// it is raised: learning one at or above it would mark the endpoint learned and keep the
@@ -194,4 +205,5 @@ func (c *capacities) floor(ep *router.Endpoint, bound float64) {
 	if changed {
 		c.kick()
 	}
+	return floor, rose
 }

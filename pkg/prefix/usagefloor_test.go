@@ -12,6 +12,9 @@ import (
 	"github.com/kvpick/kvpick/pkg/router"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // pickOwned picks ep for a chat request with system as its system prompt and turn as its
@@ -300,5 +303,48 @@ func TestUsageFloorIsExportedPerEndpoint(t *testing.T) {
 	pl.caps.settle()
 	if c := testutil.CollectAndCount(pl.metrics.floor); c != 0 {
 		t.Fatalf("%d floor series after the endpoint left, want 0", c)
+	}
+}
+
+// TestUsageFloorRiseIsLoggedAtDebugLevel: a scrape that raises an endpoint's usage floor logs,
+// at debug level, the floor and what it was taken from (the picker's blocks there, the scraped
+// usage and queue); a scrape that leaves the floor where it was logs nothing.
+func TestUsageFloorRiseIsLoggedAtDebugLevel(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	p := Params{LRUCapacityPerEndpoint: 1000, CapacityFromMetrics: true, LearnCapacity: true}
+	p.BlockSize, p.MaxBlocksPerRequest, p.MinMatchBlocks = 64, 1000, 2
+	p.PendingTTL, p.CalibrateCapacity, p.EvictionEvidence = config.Duration(time.Minute), true, true
+	pl, err := New(p, nil, WithLogger(zap.New(core)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := endpoints(2)
+	pl.EndpointsChanged(eps, nil)
+	ep := eps[0]
+	own := 0
+	for i := range 2 {
+		_, n := pickOwned(t, pl, eps, ep, fmt.Sprintf("running %d ", i)+longSystem, "q", int64(i+1))
+		own += n
+	}
+	ep.SetPrefilledThrough(2)
+	floorLines := func() []observer.LoggedEntry { return logs.FilterMessage("prefix usage floor").All() }
+	scrapeUsage(pl, ep, 0.1, 0) // the first bound alone sets no floor (the smaller of two counts)
+	if n := len(floorLines()); n != 0 {
+		t.Fatalf("%d floor lines after one scrape, want none", n)
+	}
+	scrapeUsage(pl, ep, 0.1, 0)
+	lines := floorLines()
+	if len(lines) != 1 {
+		t.Fatalf("%d floor lines after the floor rose, want 1", len(lines))
+	}
+	f := lines[0].ContextMap()
+	want := math.Round(float64(own) * 16 / 0.1 * reportedUsableShare)
+	if f["endpoint"] != ep.Addr || f["own_blocks"] != int64(own) || f["kv_usage"] != 0.1 || f["usage_floor_tokens"] != want {
+		t.Errorf("floor line %v, want endpoint %s, own_blocks %d, kv_usage 0.1, usage_floor_tokens %v", f, ep.Addr, own, want)
+	}
+	scrapeUsage(pl, ep, 0.1, 0) // the same bound: the floor stays
+	scrapeUsage(pl, ep, 0.2, 0) // a lower bound: the floor stays
+	if n := len(floorLines()); n != 1 {
+		t.Errorf("%d floor lines after scrapes that left the floor, want still 1", n)
 	}
 }
