@@ -20,7 +20,9 @@ import (
 //	floor = (blocks those prompts reference) × tokens per block / usage
 //
 // tokens. It is a lower bound whatever else runs there: requests other picker replicas sent,
-// generated tokens and prompts still in prefill only add to the usage. Chained hashes make
+// generated tokens and prompts still in prefill only add to the usage — provided the requests
+// counted do hold their blocks, which a scrape reporting fewer running requests than the picker
+// counts says they do not (preempted or queued): such a scrape sets no bound. Chained hashes make
 // prompts that start with different blocks share nothing, and prompts that start alike share at
 // least the shorter one's common part, so the longest prompt of each group of prompts with the
 // same first block is counted (a lower bound on the distinct blocks they reference). On the
@@ -98,7 +100,7 @@ func (o *ownedSet) forget(ep *router.Endpoint) {
 // blocks returns a lower bound on the distinct prompt blocks that ep's tracked requests past
 // their prefill (pick number up to ep.PrefilledThrough) reference: the longest prompt of each
 // group with the same first block. It drops the expired records it meets.
-func (o *ownedSet) blocks(ep *router.Endpoint, now time.Time) int {
+func (o *ownedSet) blocks(ep *router.Endpoint, now time.Time) (blocks, requests int) {
 	through := ep.PrefilledThrough()
 	buf, _ := o.scratch.Get().(*[]ownedRec)
 	if buf == nil {
@@ -131,7 +133,7 @@ func (o *ownedSet) blocks(ep *router.Endpoint, now time.Time) int {
 		n += longest
 		i = j
 	}
-	return n
+	return n, len(recs)
 }
 
 // tracks reports whether the plugin tracks the requests it sends to ep for the floor.
@@ -157,8 +159,13 @@ func (pl *Plugin) usageFloor(ep *router.Endpoint, m *router.Metrics) {
 		math.IsNaN(m.KVUsage) || m.KVUsage < usageFloorMinUsage || m.KVUsage > 1 {
 		return
 	}
-	own := pl.owned.blocks(ep, pl.now())
-	if own == 0 {
+	own, reqs := pl.owned.blocks(ep, pl.now())
+	// Fewer running than the picker counts past their prefill: some of those hold no blocks
+	// (preempted back to the queue, vLLM frees their blocks, or queued behind one that was), so
+	// the bound would overshoot — and a floor only rises. Seen on the replay: a floor 65% above
+	// the server's size, taken from 814 blocks at 1 running and 2 waiting (docs/benchmarks.md,
+	// "Floors and the running count").
+	if own == 0 || m.HasQueue && reqs > m.Running {
 		return
 	}
 	// In usable tokens, the unit of learned capacities (reportedUsableShare of the cache).

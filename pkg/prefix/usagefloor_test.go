@@ -146,6 +146,46 @@ func TestUsageFloorSizesAServerThatReportsNoSize(t *testing.T) {
 	}
 }
 
+// TestUsageFloorSkipsAScrapeRunningFewerRequestsThanCounted: when the server reports fewer
+// running requests than the picker counts past their prefill there, some of those are not
+// holding their blocks (preempted back to the queue, or still queued behind one that was), and
+// the bound would overshoot: such a scrape sets no floor. A server that reports no queue is
+// taken as before.
+func TestUsageFloorSkipsAScrapeRunningFewerRequestsThanCounted(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		queue     bool // the scrapes report waiting and running
+		running   int
+		wantFloor bool
+	}{
+		{"running as many as counted", true, 3, true},
+		{"running more (other replicas' requests)", true, 5, true},
+		{"running fewer than counted", true, 2, false},
+		{"no queue reported", false, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pl, eps := learnPlugin(t, 100, true)
+			ep := eps[0]
+			for i := range 3 {
+				pickOwned(t, pl, eps, ep, fmt.Sprintf("p%d ", i)+longSystem, "q", int64(i+1))
+			}
+			ep.SetPrefilledThrough(3)
+			for range 2 {
+				m := &router.Metrics{KVUsage: 0.25, HasKVUsage: true}
+				if tc.queue {
+					m.Running, m.Waiting, m.HasQueue = tc.running, 3-min(tc.running, 3), true
+				}
+				ep.SetMetrics(m)
+				pl.MetricsUpdated(ep, m)
+				pl.caps.settle()
+			}
+			if got := pl.caps.learnedTokens(ep) > 0; got != tc.wantFloor {
+				t.Fatalf("floor set %v, want %v", got, tc.wantFloor)
+			}
+		})
+	}
+}
+
 // TestATrimDoesNotCutBelowTheUsageFloor: a server that lost every block predicted trims and
 // cuts the learned capacity, but not below the share of its usage floor.
 func TestATrimDoesNotCutBelowTheUsageFloor(t *testing.T) {
@@ -204,19 +244,19 @@ func TestOwnedBlocksCountsEachFirstBlockOnce(t *testing.T) {
 	o.add(ep, sts[3], chain(3, 50), 4, now) // still in its prefill
 	o.add(other, sts[4], chain(4, 70), 1, now)
 	ep.SetPrefilledThrough(3)
-	if got := o.blocks(ep, now); got != 35 {
-		t.Fatalf("blocks %d, want 35 (30 for the group of first block 1, 5)", got)
+	if got, n := o.blocks(ep, now); got != 35 || n != 3 {
+		t.Fatalf("blocks %d of %d requests, want 35 (30 for the group of first block 1, 5) of 3", got, n)
 	}
 	o.remove(ep, sts[1])
-	if got := o.blocks(ep, now); got != 15 {
-		t.Fatalf("blocks %d after the longest ended, want 15", got)
+	if got, n := o.blocks(ep, now); got != 15 || n != 2 {
+		t.Fatalf("blocks %d of %d requests after the longest ended, want 15 of 2", got, n)
 	}
-	if got := o.blocks(ep, now.Add(runningTTL+1)); got != 0 {
+	if got, _ := o.blocks(ep, now.Add(runningTTL+1)); got != 0 {
 		t.Fatalf("blocks %d past runningTTL, want 0", got)
 	}
 	o.forget(other)
 	other.SetPrefilledThrough(1)
-	if got := o.blocks(other, now); got != 0 {
+	if got, _ := o.blocks(other, now); got != 0 {
 		t.Fatalf("blocks %d of a forgotten endpoint, want 0", got)
 	}
 	// An endpoint that left tracks nothing new, and what it still tracked goes with its last
@@ -271,7 +311,7 @@ func TestUsageFloorUnderConcurrentRequestsAndScrapes(t *testing.T) {
 	close(done)
 	<-scraped
 	for _, e := range eps {
-		if n := pl.owned.blocks(e, time.Now()); n != 0 {
+		if n, _ := pl.owned.blocks(e, time.Now()); n != 0 {
 			t.Fatalf("endpoint %d: %d blocks tracked after every stream ended, want 0", e.Slot, n)
 		}
 	}
