@@ -162,7 +162,7 @@ func (pl *Plugin) usageFloor(ep *router.Endpoint, m *router.Metrics) {
 	own, reqs := pl.owned.blocks(ep, pl.now())
 	// Fewer running than the picker counts past their prefill: some of those hold no blocks
 	// (preempted back to the queue, vLLM frees their blocks, or queued behind one that was), so
-	// the bound would overshoot — and a floor only rises. Seen on the replay: a floor 65% above
+	// the bound would overshoot — and a floor only rises. Seen on the replay: a floor 67% above
 	// the server's size, taken from 814 blocks at 1 running and 2 waiting (docs/benchmarks.md,
 	// "Floors and the running count").
 	if own == 0 || m.HasQueue && reqs > m.Running {
@@ -172,7 +172,7 @@ func (pl *Plugin) usageFloor(ep *router.Endpoint, m *router.Metrics) {
 	bound := float64(own) * pl.caps.tokensPerBlock() / m.KVUsage * reportedUsableShare
 	if f, rose := pl.caps.floor(ep, bound); rose && pl.caps.log.Core().Enabled(zap.DebugLevel) {
 		// What the floor was taken from: a floor only rises, so one that overshoots stays; the
-		// scrape that raised it says why (docs/benchmarks.md, "Growth lifts up to the floor").
+		// scrape that raised it says why (docs/benchmarks.md, "Floors and the running count").
 		pl.caps.log.Debug("prefix usage floor",
 			zap.String("endpoint", ep.Addr), zap.Float64("usage_floor_tokens", math.Round(f)),
 			zap.Float64("bound_tokens", math.Round(bound)), zap.Int("own_blocks", own),
