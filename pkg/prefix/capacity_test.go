@@ -16,19 +16,29 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// poolPlugin returns a plugin with p (and the fields every capacity test shares) in front of
-// four endpoints.
-func poolPlugin(t *testing.T, p Params) (*Plugin, []*router.Endpoint) {
+// poolPlugin returns a plugin with p (and the fields every capacity test shares) and opts in
+// front of four endpoints.
+func poolPlugin(t *testing.T, p Params, opts ...Option) (*Plugin, []*router.Endpoint) {
 	t.Helper()
 	p.BlockSize, p.MaxBlocksPerRequest, p.MinMatchBlocks = 64, 1000, 2
 	p.PendingTTL, p.CalibrateCapacity, p.EvictionEvidence = config.Duration(time.Minute), true, true
-	pl, err := New(p, nil)
+	pl, err := New(p, nil, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	eps := endpoints(4)
 	pl.EndpointsChanged(eps, nil)
 	return pl, eps
+}
+
+// checkCapacities checks the index capacity of each of the four endpoints, by slot.
+func checkCapacities(t *testing.T, pl *Plugin, when string, want [4]int) {
+	t.Helper()
+	for ep, w := range want {
+		if got := pl.index.CapacityOf(ep); got != w {
+			t.Errorf("%s: endpoint %d capacity %d, want %d", when, ep, got, w)
+		}
+	}
 }
 
 func capPlugin(t *testing.T, fromMetrics bool, maxEntries int) (*Plugin, []*router.Endpoint) {
@@ -281,15 +291,7 @@ func TestLearnedCapacityShrinksToWhatATrimKept(t *testing.T) {
 	if pred < 10 {
 		t.Fatalf("target predicted %d blocks before the trim, want all of it", pred)
 	}
-	check := func(when string, want [4]int) {
-		t.Helper()
-		for ep, w := range want {
-			if got := pl.index.CapacityOf(ep); got != w {
-				t.Errorf("%s: endpoint %d capacity %d, want %d", when, ep, got, w)
-			}
-		}
-	}
-	check("after the trim", [4]int{learnMinBlocks, 10000, 10000, 850})
+	checkCapacities(t, pl, "after the trim", [4]int{learnMinBlocks, 10000, 10000, 850})
 	if !pl.index.eps[0].trimmed || pl.index.eps[1].trimmed {
 		t.Errorf("ghost credit ended: trimmed endpoint 0 %v, untrimmed endpoint 1 %v; want true, false",
 			pl.index.eps[0].trimmed, pl.index.eps[1].trimmed)
@@ -298,14 +300,14 @@ func TestLearnedCapacityShrinksToWhatATrimKept(t *testing.T) {
 	// shows, and lifts the unbounded others to it.
 	pl.caps.grow(eps[1], 10, 500)
 	pl.caps.settle()
-	check("after growth on endpoint 1 to 500", [4]int{learnMinBlocks, 10010, 10000, 850})
+	checkCapacities(t, pl, "after growth on endpoint 1 to 500", [4]int{learnMinBlocks, 10010, 10000, 850})
 	pl.caps.grow(eps[2], 10, 30000)
 	pl.caps.settle()
-	check("after growth on endpoint 2 to 30000", [4]int{learnMinBlocks, 30000, 30000, 850})
+	checkCapacities(t, pl, "after growth on endpoint 2 to 30000", [4]int{learnMinBlocks, 30000, 30000, 850})
 	// A trimmed endpoint grows to what the evidence shows.
 	pl.caps.grow(eps[0], 10, 100)
 	pl.caps.settle()
-	check("after growth on the trimmed endpoint 0 to 100", [4]int{100, 30000, 30000, 850})
+	checkCapacities(t, pl, "after growth on the trimmed endpoint 0 to 100", [4]int{100, 30000, 30000, 850})
 }
 
 // TestGrowthLiftsAnotherEndpointOnlyUpToItsUsageFloor: growth seen on one endpoint lifts the
@@ -322,24 +324,16 @@ func TestGrowthLiftsAnotherEndpointOnlyUpToItsUsageFloor(t *testing.T) {
 	setFloor(eps[1], 3000) // raises its capacity to the floor's share, 0.7 × 3,000
 	setFloor(eps[2], 8000) // 5,600
 	pl.caps.settle()
-	check := func(when string, want [4]int) {
-		t.Helper()
-		for ep, w := range want {
-			if got := pl.index.CapacityOf(ep); got != w {
-				t.Errorf("%s: endpoint %d capacity %d, want %d", when, ep, got, w)
-			}
-		}
-	}
-	check("after the floors", [4]int{1000, 2100, 5600, 850})
+	checkCapacities(t, pl, "after the floors", [4]int{1000, 2100, 5600, 850})
 	pl.caps.grow(eps[0], 10, 5000)
 	pl.caps.settle()
-	check("after growth on endpoint 0 to 5,000", [4]int{5000, 3000, 5600, 850})
+	checkCapacities(t, pl, "after growth on endpoint 0 to 5,000", [4]int{5000, 3000, 5600, 850})
 	pl.caps.grow(eps[1], 10, 4000)
 	pl.caps.settle()
-	check("after growth on endpoint 1 to 4,000", [4]int{5000, 4000, 5600, 850})
+	checkCapacities(t, pl, "after growth on endpoint 1 to 4,000", [4]int{5000, 4000, 5600, 850})
 	pl.caps.grow(eps[2], 10, 9000)
 	pl.caps.settle()
-	check("after growth on endpoint 2 to 9,000", [4]int{9000, 4000, 9000, 850})
+	checkCapacities(t, pl, "after growth on endpoint 2 to 9,000", [4]int{9000, 4000, 9000, 850})
 }
 
 // TestCapacityChangesAreLoggedAtDebugLevel: with a logger, each change of an endpoint's index
@@ -349,15 +343,8 @@ func TestCapacityChangesAreLoggedAtDebugLevel(t *testing.T) {
 	for _, level := range []zapcore.Level{zapcore.DebugLevel, zapcore.InfoLevel} {
 		t.Run(level.String(), func(t *testing.T) {
 			core, logs := observer.New(level)
-			p := Params{LRUCapacityPerEndpoint: 1000, CapacityFromMetrics: true, LearnCapacity: true}
-			p.BlockSize, p.MaxBlocksPerRequest, p.MinMatchBlocks = 64, 1000, 2
-			p.PendingTTL, p.CalibrateCapacity, p.EvictionEvidence = config.Duration(time.Minute), true, true
-			pl, err := New(p, nil, WithLogger(zap.New(core)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			eps := endpoints(2)
-			pl.EndpointsChanged(eps, nil)
+			pl, eps := poolPlugin(t, Params{LRUCapacityPerEndpoint: 1000, CapacityFromMetrics: true, LearnCapacity: true},
+				WithLogger(zap.New(core)))
 			pl.caps.settle()
 			report(pl, eps[1], 1000, 16) // 850 index blocks, from the server
 			pl.caps.settle()
@@ -519,20 +506,12 @@ func TestEndpointsWithoutEvidenceTakeThePoolsLearnedCapacity(t *testing.T) {
 	pl, eps := learnPlugin(t, 10000, true)
 	report(pl, eps[3], 1000, 16) // 850 index blocks, from the server; three endpoints report none
 	pl.caps.settle()
-	check := func(when string, want [4]int) {
-		t.Helper()
-		for ep, w := range want {
-			if got := pl.index.CapacityOf(ep); got != w {
-				t.Errorf("%s: endpoint %d capacity %d, want %d", when, ep, got, w)
-			}
-		}
-	}
 	pl.caps.shrink(eps[0], 300, false)
 	pl.caps.settle()
-	check("one endpoint learned", [4]int{300, 10000, 10000, 850})
+	checkCapacities(t, pl, "one endpoint learned", [4]int{300, 10000, 10000, 850})
 	pl.caps.shrink(eps[1], 500, false)
 	pl.caps.settle()
-	check("two of three learned", [4]int{300, 500, 500, 850})
+	checkCapacities(t, pl, "two of three learned", [4]int{300, 500, 500, 850})
 
 	// Two learned, the larger above the configured figure: endpoint 2 keeps the configured one.
 	pl, eps = learnPlugin(t, 10000, true)
@@ -543,7 +522,7 @@ func TestEndpointsWithoutEvidenceTakeThePoolsLearnedCapacity(t *testing.T) {
 	pl.caps.mu.Unlock()
 	pl.caps.kick()
 	pl.caps.settle()
-	check("a learned capacity above the configured one", [4]int{300, 20000, 10000, 850})
+	checkCapacities(t, pl, "a learned capacity above the configured one", [4]int{300, 20000, 10000, 850})
 
 	off, offEps := learnPlugin(t, 10000, false)
 	off.caps.shrink(offEps[0], 300, false)

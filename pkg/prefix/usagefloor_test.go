@@ -351,15 +351,8 @@ func TestUsageFloorIsExportedPerEndpoint(t *testing.T) {
 // usage and queue); a scrape that leaves the floor where it was logs nothing.
 func TestUsageFloorRiseIsLoggedAtDebugLevel(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	p := Params{LRUCapacityPerEndpoint: 1000, CapacityFromMetrics: true, LearnCapacity: true}
-	p.BlockSize, p.MaxBlocksPerRequest, p.MinMatchBlocks = 64, 1000, 2
-	p.PendingTTL, p.CalibrateCapacity, p.EvictionEvidence = config.Duration(time.Minute), true, true
-	pl, err := New(p, nil, WithLogger(zap.New(core)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	eps := endpoints(2)
-	pl.EndpointsChanged(eps, nil)
+	pl, eps := poolPlugin(t, Params{LRUCapacityPerEndpoint: 1000, CapacityFromMetrics: true, LearnCapacity: true},
+		WithLogger(zap.New(core)))
 	ep := eps[0]
 	own := 0
 	for i := range 2 {
