@@ -337,8 +337,8 @@ func TestGrowthLiftsAnotherEndpointOnlyUpToItsUsageFloor(t *testing.T) {
 }
 
 // TestCapacityChangesAreLoggedAtDebugLevel: with a logger, each change of an endpoint's index
-// capacity is one debug line naming the endpoint, the new capacity and what it came from; a
-// logger above debug level gets nothing.
+// capacity is one debug line naming the endpoint, the new capacity and what it came from (the
+// server's report, learning, the usage floor); a logger above debug level gets nothing.
 func TestCapacityChangesAreLoggedAtDebugLevel(t *testing.T) {
 	for _, level := range []zapcore.Level{zapcore.DebugLevel, zapcore.InfoLevel} {
 		t.Run(level.String(), func(t *testing.T) {
@@ -348,6 +348,11 @@ func TestCapacityChangesAreLoggedAtDebugLevel(t *testing.T) {
 			pl.caps.settle()
 			report(pl, eps[1], 1000, 16) // 850 index blocks, from the server
 			pl.caps.settle()
+			for range 2 { // the smaller of two bounds counts
+				pl.caps.floor(eps[2], 500*pl.caps.tokensPerBlock())
+			}
+			pl.caps.settle()
+			// The growth below lifts endpoint 2 only up to its floor: no change, no line.
 			pl.caps.grow(eps[0], 10, 3000)
 			pl.caps.settle()
 			lines := logs.FilterMessage("prefix index capacity").All()
@@ -362,7 +367,7 @@ func TestCapacityChangesAreLoggedAtDebugLevel(t *testing.T) {
 				f := l.ContextMap()
 				got[fmt.Sprint(f["endpoint"])] = fmt.Sprintf("%v/%v", f["blocks"], f["source"])
 			}
-			want := map[string]string{eps[0].Addr: "3000/learned", eps[1].Addr: "850/reported"}
+			want := map[string]string{eps[0].Addr: "3000/learned", eps[1].Addr: "850/reported", eps[2].Addr: "500/floor"}
 			for ep, w := range want {
 				if got[ep] != w {
 					t.Errorf("last capacity line for %s: %q, want %q (all: %v)", ep, got[ep], w, got)

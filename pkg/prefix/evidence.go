@@ -104,10 +104,11 @@ func (pl *Plugin) evidence(st *state, served *router.Endpoint, u openai.Usage) {
 	if !pl.caps.learn || hi <= st.predicted {
 		return
 	}
-	if g, since, capacity := pl.index.GhostHits(served.Slot, st.hashes[st.predicted:hi], st.pickTick); g > 0 {
+	if g, dropped, capacity := pl.index.GhostHits(served.Slot, st.hashes[st.predicted:hi], st.pickTick); g > 0 {
 		// The server kept a block that the index dropped, and with it every block used after
-		// it: the capacity's worth the index holds and the drops since.
-		pl.caps.grow(served, g, capacity+since+1)
+		// it: the capacity's worth the index holds and the blocks dropped since that it does
+		// not hold again.
+		pl.caps.grow(served, g, capacity+dropped+1)
 		if pl.metrics != nil {
 			pl.metrics.observeGrow(served, g)
 		}

@@ -19,11 +19,14 @@ import (
 // probability ~e^(-k/n) — but a push is one write with no probing or deletion: remembering
 // evictions must not slow the commits that cause them (a ring with an exact hash table behind
 // it nearly doubled the cost of a commit that evicts). Drops older than n are not reported, so
-// that a slot left untouched for long cannot show an ancient drop. 12 bytes per slot.
+// that a slot left untouched for long cannot show an ancient drop. A bit per slot says whether
+// the LRU holds the block again (committed after its drop), so that the drops since a block's
+// can be counted without the blocks held again (Index.droppedSince). 12⅛ bytes per slot.
 type ghostTable struct {
 	keys []uint64
 	seqs []uint32
-	seq  uint32 // drops so far; the next drop's sequence number
+	held []uint64 // bit i: the LRU holds keys[i] again
+	seq  uint32   // drops so far; the next drop's sequence number
 }
 
 // Table sizes: half the capacity, within [minGhosts, maxGhosts]. A hit shows a capacity up to
@@ -39,7 +42,7 @@ func ghostsFor(capacity int) int { return min(max(capacity/2, minGhosts), maxGho
 
 func newGhostTable(n int) *ghostTable {
 	n = max(n, 1)
-	return &ghostTable{keys: make([]uint64, n), seqs: make([]uint32, n)}
+	return &ghostTable{keys: make([]uint64, n), seqs: make([]uint32, n), held: make([]uint64, (n+63)/64)}
 }
 
 func (g *ghostTable) slot(h uint64) int {
@@ -51,6 +54,7 @@ func (g *ghostTable) slot(h uint64) int {
 func (g *ghostTable) push(h uint64) {
 	i := g.slot(h)
 	g.keys[i], g.seqs[i] = h, g.seq
+	g.held[i/64] &^= 1 << (i % 64)
 	g.seq++
 }
 
@@ -68,24 +72,69 @@ func (g *ghostTable) since(h uint64) (int, bool) {
 	return int(d), true
 }
 
+// setHeld notes that the LRU holds h again (a commit after its drop) or no longer does (dropped
+// by a trim, which pushes nothing); a no-op when h is not in the table.
+func (g *ghostTable) setHeld(h uint64, held bool) {
+	i := g.slot(h)
+	if g.keys[i] != h {
+		return
+	}
+	if held {
+		g.held[i/64] |= 1 << (i % 64)
+	} else {
+		g.held[i/64] &^= 1 << (i % 64)
+	}
+}
+
+// countAfter counts the drops in slots [lo, hi) that came after the drop numbered cut and whose
+// block the LRU does not hold again, and sums their ages in drops (Index.droppedSince).
+func (g *ghostTable) countAfter(lo, hi int, cut uint32) (n, ages int) {
+	keys, seqs := g.keys[lo:hi], g.seqs[lo:hi]
+	seqs = seqs[:len(keys)]
+	last := g.seq - 1
+	for j, h := range keys {
+		i := lo + j
+		if int32(seqs[j]-cut) <= 0 || h == 0 || g.held[i>>6]&(1<<(i&63)) != 0 {
+			continue
+		}
+		n++
+		ages += int(last - seqs[j])
+	}
+	return n, ages
+}
+
+// ghostDrop is one remembered drop, and whether the LRU holds its block again.
+type ghostDrop struct {
+	h    uint64
+	held bool
+}
+
 // newest returns the remembered drops within the last n, oldest first.
-func (g *ghostTable) newest(n int) []uint64 {
+func (g *ghostTable) newest(n int) []ghostDrop {
 	type drop struct {
 		seq uint32
-		h   uint64
+		ghostDrop
 	}
 	var ds []drop
 	for i, h := range g.keys {
 		if d, ok := g.since(h); ok && d < n && g.slot(h) == i {
-			ds = append(ds, drop{g.seqs[i], h})
+			ds = append(ds, drop{g.seqs[i], ghostDrop{h, g.held[i/64]&(1<<(i%64)) != 0}})
 		}
 	}
 	slices.SortFunc(ds, func(a, b drop) int { return int(int32(a.seq - b.seq)) })
-	out := make([]uint64, len(ds))
+	out := make([]ghostDrop, len(ds))
 	for i, d := range ds {
-		out[i] = d.h
+		out[i] = d.ghostDrop
 	}
 	return out
 }
 
-func (g *ghostTable) bytes() int { return len(g.keys) * 12 }
+// refill pushes drops, oldest first, keeping whether each is held again.
+func (g *ghostTable) refill(ds []ghostDrop) {
+	for _, d := range ds {
+		g.push(d.h)
+		g.setHeld(d.h, d.held)
+	}
+}
+
+func (g *ghostTable) bytes() int { return len(g.keys)*12 + len(g.held)*8 }

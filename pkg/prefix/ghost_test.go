@@ -34,7 +34,7 @@ func TestGhostTableRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
 			t.Errorf("since(%d) = %d, %v; want %d, %v", tc.h, since, ok, tc.since, tc.ok)
 		}
 	}
-	if got := g.newest(2); len(got) != 2 || got[0] != a || got[1] != c {
+	if got := g.newest(2); len(got) != 2 || got[0].h != a || got[1].h != c {
 		t.Errorf("newest(2) = %v, want [a c]: the remembered drops within the last two, oldest first", got)
 	}
 	// A drop that another takes the slot of is forgotten (the table is lossy).
@@ -58,6 +58,75 @@ func TestGhostTableRemembersTheLastDropsAndHowLongAgo(t *testing.T) {
 	}
 	if since, ok := g.since(a); ok {
 		t.Errorf("a reported %d drops ago, beyond the table's 1,024", since)
+	}
+}
+
+// TestGhostTableCountsEachBlockDroppedAfterOnceAndNotTheHeld: the drops after a given one count
+// each block once, without those the LRU holds again; a trim's drop counts again.
+func TestGhostTableCountsEachBlockDroppedAfterOnceAndNotTheHeld(t *testing.T) {
+	g := newGhostTable(1024)
+	hs := distinctSlots(g, 5)
+	a, b, c, d, e := hs[0], hs[1], hs[2], hs[3], hs[4]
+	for _, h := range []uint64{a, b, c, b, d, e} { // a is drop 0; b dropped twice
+		g.push(h)
+	}
+	afterA := func(g *ghostTable) int {
+		n, _ := g.countAfter(0, len(g.keys), g.seqs[g.slot(a)])
+		return n
+	}
+	if got := afterA(g); got != 4 {
+		t.Fatalf("%d blocks dropped after a, want 4: b, c, d, e once each", got)
+	}
+	g.setHeld(c, true) // committed again: the LRU holds it
+	g.setHeld(a, true) // a itself is not after a
+	if got := afterA(g); got != 3 {
+		t.Fatalf("%d with c held again, want 3", got)
+	}
+	g.setHeld(c, false) // trimmed: no longer held, and no new drop
+	if got := afterA(g); got != 4 {
+		t.Fatalf("%d with c no longer held, want 4", got)
+	}
+	g.setHeld(d, true)
+	g.push(d) // dropped again: a fresh drop, not held
+	if got := afterA(g); got != 4 {
+		t.Fatalf("%d after d's new drop, want 4", got)
+	}
+	// Drops 0-6 were a, b, c, b, d, e, d: after c's, b (3 drops ago), e (1) and d (0).
+	if n, ages := g.countAfter(0, len(g.keys), g.seqs[g.slot(c)]); n != 3 || ages != 3+1+0 {
+		t.Fatalf("after c: %d drops aged %d in all, want b, e and d aged 4 in all", n, ages)
+	}
+	g.setHeld(b, true)
+	r := newGhostTable(2048)
+	r.refill(g.newest(1024))
+	if got := afterA(r); got != 3 {
+		t.Fatalf("after a refill %d, want 3: b still held", got)
+	}
+}
+
+// TestGhostHitsCountBlocksCommittedAgainOnce: a block the server kept shows it kept every block
+// used after it; blocks dropped and committed again are among those the index holds, and the
+// growth bound counts them there only.
+func TestGhostHitsCountBlocksCommittedAgainOnce(t *testing.T) {
+	x := NewIndex(4)
+	x.SetGhosts(true)
+	first, a, b := chain(1, 1), chain(2, 4), chain(3, 4)
+	x.Insert(0, first)
+	x.Insert(0, a) // first dropped
+	x.Insert(0, b) // a dropped
+	x.Insert(0, a) // b dropped; a held again
+	hits, dropped, capacity := x.GhostHits(0, first, x.Tick())
+	// Used after first: a and b, 8 blocks; the index holds a's 4, b's 4 are dropped. Counting
+	// drops (8 after first's) would say 4 + 8 + 1 = 13.
+	if hits != 1 || dropped != 4 || capacity != 4 {
+		t.Fatalf("hits %d dropped %d capacity %d, want 1, 4, 4 (a server of 9 blocks keeps first)", hits, dropped, capacity)
+	}
+	// A trim drops a on the server's evidence: no longer held, its earlier drops count again.
+	stamp, _ := x.Stamp(0, a[0])
+	if evicted, _ := x.TrimOlder(0, stamp); evicted != 4 {
+		t.Fatalf("trim evicted %d, want a's 4", evicted)
+	}
+	if _, dropped, _ := x.GhostHits(0, first, x.Tick()); dropped != 8 {
+		t.Fatalf("after the trim %d blocks dropped since, want a's 4 and b's 4", dropped)
 	}
 }
 

@@ -166,9 +166,7 @@ func (x *Index) resizeGhost(slot, capacity int) {
 	newest := old.newest(want)
 	x.mu.RUnlock()
 	r := newGhostTable(want)
-	for _, h := range newest {
-		r.push(h)
-	}
+	r.refill(newest)
 	x.mu.Lock()
 	if slot < len(x.eps) && x.eps[slot] != nil && x.eps[slot].ghost == old {
 		x.eps[slot].ghost = r
@@ -285,6 +283,9 @@ func (x *Index) insertLocked(l *endpointLRU, slot int, hashes []uint64) {
 		x.pushFront(l, ni)
 		l.byHash.put(h, ni)
 		l.n++
+		if l.ghost != nil {
+			l.ghost.setHeld(h, true)
+		}
 		ref := x.blocks.upsert(h)
 		first, count := uint32(*ref), uint32(*ref>>32)
 		n.snext = first
@@ -413,15 +414,16 @@ func (x *Index) Tick() uint32 {
 // GhostHits counts the blocks of hashes that endpoint slot's LRU dropped for want of room and
 // did not hold at commit clock after (Tick): not held again, or committed again since — the
 // request that a report is about has its own blocks committed again at its first byte, before
-// the report comes, and they count. It returns, of the one dropped longest ago, how many drops
-// came after it; and the endpoint's capacity.
-func (x *Index) GhostHits(slot int, hashes []uint64, after uint32) (hits, since, capacity int) {
+// the report comes, and they count. It returns how many distinct blocks were dropped after the
+// one dropped longest ago and are not held again (droppedSince); and the endpoint's capacity.
+func (x *Index) GhostHits(slot int, hashes []uint64, after uint32) (hits, dropped, capacity int) {
 	x.mu.RLock()
-	defer x.mu.RUnlock()
 	if slot >= len(x.eps) || x.eps[slot] == nil || x.eps[slot].ghost == nil {
+		x.mu.RUnlock()
 		return 0, 0, 0
 	}
 	l := x.eps[slot]
+	oldest := 0
 	for _, h := range hashes {
 		d, ok := l.ghost.since(h)
 		if !ok {
@@ -431,9 +433,46 @@ func (x *Index) GhostHits(slot int, hashes []uint64, after uint32) (hits, since,
 			continue // held again before the pick: the index promised it, or could have
 		}
 		hits++
-		since = max(since, d)
+		oldest = max(oldest, d)
 	}
-	return hits, since, l.capacity
+	g, capacity := l.ghost, l.capacity
+	cut := g.seq - 1 - uint32(oldest) // the oldest hit's drop
+	x.mu.RUnlock()
+	if hits == 0 {
+		return 0, 0, capacity
+	}
+	return hits, x.droppedSince(slot, g, cut), capacity
+}
+
+// ghostScanChunk is how many ghost slots droppedSince counts per hold of the read lock: ~10 µs,
+// so that a commit waiting for the write lock (and the decisions queued behind it) waits no
+// longer than a decision takes.
+const ghostScanChunk = 4096
+
+// droppedSince counts the blocks that endpoint slot's LRU dropped after the drop numbered cut
+// and does not hold again, each once however often it was dropped: a block that the server
+// kept shows that it also kept every block used after it, those the index holds and these.
+// Counting the drops themselves counted a block dropped and committed again twice (once as a
+// drop, once among the held) and sized a server at twice its cache (capacity-x10 multi-turn,
+// docs/benchmarks.md, "Ghost hits count each block once"). The table is lossy: a drop
+// survives k later ones with probability (1 − 1/n)^k ≈ e^(−k/n), so each drop remembered
+// counts 1 + k/n, a first-order correction for those overwritten (within 1% up to k = n/7,
+// short beyond: the bound errs low). A pass over the table, a chunk per hold of the read lock:
+// drops during the pass may count or not; a table replaced meanwhile (resizeGhost, the
+// endpoint removed) ends the count with what it has.
+func (x *Index) droppedSince(slot int, g *ghostTable, cut uint32) int {
+	n, ages := 0, 0
+	for lo := 0; lo < len(g.keys); lo += ghostScanChunk {
+		x.mu.RLock()
+		if slot >= len(x.eps) || x.eps[slot] == nil || x.eps[slot].ghost != g {
+			x.mu.RUnlock()
+			break
+		}
+		c, a := g.countAfter(lo, min(lo+ghostScanChunk, len(g.keys)), cut)
+		x.mu.RUnlock()
+		n, ages = n+c, ages+a
+	}
+	return n + (ages+len(g.keys)/2)/len(g.keys)
 }
 
 // drop removes node ni from its endpoint's LRU, its block's holder list and the slab.
@@ -612,6 +651,11 @@ func (x *Index) TrimOlder(slot int, stamp uint32) (evicted, kept int) {
 		l.trimmed = true
 		i := 0
 		for ; i < removeChunk && l.tail != 0 && int32(x.node(l.tail).stamp-stamp) <= 0; i++ {
+			if l.ghost != nil {
+				// No longer held, and not remembered as dropped for room (evictForRoom's
+				// push clears the bit of those).
+				l.ghost.setHeld(x.node(l.tail).hash, false)
+			}
 			x.evict(l)
 			evicted++
 		}

@@ -525,3 +525,29 @@ func TestIndexSetCapacityAll(t *testing.T) {
 		t.Errorf("after growing back: %d blocks, want 60", got[0])
 	}
 }
+
+// BenchmarkGhostHits measures a report's ghost check on an endpoint whose ghost table is full
+// (65,536 slots): the hashes looked up, and the pass over the table that counts the blocks
+// dropped since (ghostTable.droppedSince), which a hit costs.
+func BenchmarkGhostHits(b *testing.B) {
+	x := NewIndex(1 << 17)
+	x.SetGhosts(true)
+	for r := range 200 {
+		x.Insert(0, chain(uint64(r), 1000)) // 200,000 blocks into 131,072: prompts 0-68 dropped
+	}
+	for _, tc := range []struct {
+		name   string
+		hashes []uint64
+	}{{"miss", chain(9999, 1000)}, {"hit", chain(60, 1000)}} {
+		b.Run(tc.name, func(b *testing.B) {
+			hits := 0
+			for range b.N {
+				h, _, _ := x.GhostHits(0, tc.hashes, x.Tick())
+				hits += h
+			}
+			if (hits > 0) != (tc.name == "hit") {
+				b.Fatalf("%d ghost hits in %d runs", hits, b.N)
+			}
+		})
+	}
+}

@@ -135,9 +135,14 @@ func TestUsageFloorSizesAServerThatReportsNoSize(t *testing.T) {
 			if math.Abs(got-want) > 1 {
 				t.Fatalf("learned size %.0f tokens, want %.0f (%d blocks of %d tokens over %.2f)", got, want, own, tpb, tc.wantUsage)
 			}
+			// Above the configured 100, 70% of the usable floor is learned; below, the endpoint
+			// is sized by its usable floor (at least learnMinBlocks), at most the configured 100.
 			wantCap := int(math.Round(want * reportedUsableShare * usageFloorIndexShare / tpb))
-			if c := pl.index.CapacityOf(ep.Slot); c != max(wantCap, 100) {
-				t.Fatalf("index capacity %d, want %d (70%% of the usable floor, at least the configured 100)", c, max(wantCap, 100))
+			if wantCap <= 100 {
+				wantCap = min(100, max(learnMinBlocks, int(math.Round(want*reportedUsableShare/tpb))))
+			}
+			if c := pl.index.CapacityOf(ep.Slot); c != wantCap {
+				t.Fatalf("index capacity %d, want %d (70%% of the usable floor above the configured 100, the floor below it)", c, wantCap)
 			}
 			if c := pl.index.CapacityOf(eps[1].Slot); c != 100 {
 				t.Fatalf("endpoint 1 (no scrape) capacity %d, want 100", c)
