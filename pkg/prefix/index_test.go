@@ -528,7 +528,7 @@ func TestIndexSetCapacityAll(t *testing.T) {
 
 // BenchmarkGhostHits measures a report's ghost check on an endpoint whose ghost table is full
 // (65,536 slots): the hashes looked up, and the pass over the table that counts the blocks
-// dropped since (ghostTable.droppedSince), which a hit costs.
+// dropped since (Index.droppedSince), which a hit costs.
 func BenchmarkGhostHits(b *testing.B) {
 	x := NewIndex(1 << 17)
 	x.SetGhosts(true)
