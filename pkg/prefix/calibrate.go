@@ -246,10 +246,12 @@ func (c *capacities) settle() {
 	c.mu.Unlock()
 }
 
-// plan is one endpoint's new capacity.
+// plan is one endpoint's new capacity and what it came from (for the debug line): "reported",
+// "learned", "floor" or "default".
 type plan struct {
-	ep  *router.Endpoint
-	cap int
+	ep     *router.Endpoint
+	cap    int
+	source string
 }
 
 // apply computes every live endpoint's capacity and resizes those that changed. The sum over
@@ -262,12 +264,12 @@ func (c *capacities) apply() {
 	defCap := min(c.blocksLocked(c.configuredTokens()), c.poolLevelLocked())
 	var sizes []learnedSize
 	for e := range c.live {
-		n := defCap
+		n, source := defCap, "default"
 		if t := c.reported[e]; t > 0 {
-			n = c.blocksLocked(float64(t))
+			n, source = c.blocksLocked(float64(t)), "reported"
 		} else if l := c.learned[e]; l != nil && (l.tokens > 0 || l.floor > 0) {
 			if l.tokens > 0 {
-				n = c.blocksLocked(l.tokens)
+				n, source = c.blocksLocked(l.tokens), "learned"
 			} else {
 				// Nothing learned yet, but the scraped usage shows at least this much: its own
 				// server's evidence, within 3% of the usable cache once the server has been
@@ -275,7 +277,9 @@ func (c *capacities) apply() {
 				// configured figure is a guess. Capacity-x10, tuning seeds 1-24, with ghost hits
 				// counted once: shared-prefix TTFT p90 −40%, multi-turn p90 −6%, p99 −7%
 				// ("Ghost hits count each block once").
-				n = min(n, max(learnMinBlocks, c.blocksLocked(l.floor)))
+				if f := max(learnMinBlocks, c.blocksLocked(l.floor)); f < n {
+					n, source = f, "floor"
+				}
 			}
 			// The index holds reportedUsableShare of a reported size (the rest holds running
 			// requests' tokens), so what was learned for it is that share of the whole cache;
@@ -285,7 +289,7 @@ func (c *capacities) apply() {
 			}
 			sizes[e.Slot] = learnedSize{e, max(l.tokens, l.floor) / reportedUsableShare}
 		}
-		want = append(want, plan{e, n})
+		want = append(want, plan{e, n, source})
 		sum += n
 	}
 	c.sizes.Store(&sizes)
@@ -362,21 +366,13 @@ func (c *capacities) apply() {
 // a debug line: with the routed lines of the same log it shows when a capacity went wrong
 // (docs/benchmarks.md, "Growth lifts up to the floor", was diagnosed that way).
 func (c *capacities) capacityFieldsLocked(p plan) []zap.Field {
-	source := "default"
 	var learned, floor float64
 	bounded := false
-	if t := c.reported[p.ep]; t > 0 {
-		source = "reported"
-	} else if l := c.learned[p.ep]; l != nil {
+	if l := c.learned[p.ep]; l != nil && c.reported[p.ep] == 0 {
 		learned, floor, bounded = l.tokens, l.floor, l.bounded
-		if l.tokens > 0 {
-			source = "learned"
-		} else if l.floor > 0 && p.cap < c.defaultCap {
-			source = "floor"
-		}
 	}
 	return []zap.Field{
-		zap.String("endpoint", p.ep.Addr), zap.Int("blocks", p.cap), zap.String("source", source),
+		zap.String("endpoint", p.ep.Addr), zap.Int("blocks", p.cap), zap.String("source", p.source),
 		zap.Int64("reported_tokens", c.reported[p.ep]), zap.Float64("learned_tokens", math.Round(learned)),
 		zap.Float64("usage_floor_tokens", math.Round(floor)), zap.Bool("bounded", bounded),
 	}

@@ -54,8 +54,21 @@ func (g *ghostTable) slot(h uint64) int {
 func (g *ghostTable) push(h uint64) {
 	i := g.slot(h)
 	g.keys[i], g.seqs[i] = h, g.seq
-	g.held[i/64] &^= 1 << (i % 64)
+	g.markHeld(i, false)
 	g.seq++
+}
+
+// heldAt reports slot i's held bit: the LRU holds keys[i] again.
+func (g *ghostTable) heldAt(i int) bool { return g.held[uint(i)/64]&(1<<(uint(i)%64)) != 0 }
+
+// markHeld sets or clears slot i's held bit.
+func (g *ghostTable) markHeld(i int, held bool) {
+	w, b := uint(i)/64, uint64(1)<<(uint(i)%64)
+	if held {
+		g.held[w] |= b
+	} else {
+		g.held[w] &^= b
+	}
 }
 
 // since reports whether h was dropped within the last n drops and still has its slot, and how
@@ -72,17 +85,11 @@ func (g *ghostTable) since(h uint64) (int, bool) {
 	return int(d), true
 }
 
-// setHeld notes that the LRU holds h again (a commit after its drop) or no longer does (dropped
-// by a trim, which pushes nothing); a no-op when h is not in the table.
+// setHeld notes that the LRU holds h again (a commit after its drop) or no longer does (Index.drop);
+// a no-op when h is not in the table.
 func (g *ghostTable) setHeld(h uint64, held bool) {
-	i := g.slot(h)
-	if g.keys[i] != h {
-		return
-	}
-	if held {
-		g.held[i/64] |= 1 << (i % 64)
-	} else {
-		g.held[i/64] &^= 1 << (i % 64)
+	if i := g.slot(h); g.keys[i] == h {
+		g.markHeld(i, held)
 	}
 }
 
@@ -94,7 +101,7 @@ func (g *ghostTable) countAfter(lo, hi int, cut uint32) (n, ages int) {
 	last := g.seq - 1
 	for j, h := range keys {
 		i := lo + j
-		if int32(seqs[j]-cut) <= 0 || h == 0 || g.held[i>>6]&(1<<(i&63)) != 0 {
+		if int32(seqs[j]-cut) <= 0 || h == 0 || g.heldAt(i) {
 			continue
 		}
 		n++
@@ -118,7 +125,7 @@ func (g *ghostTable) newest(n int) []ghostDrop {
 	var ds []drop
 	for i, h := range g.keys {
 		if d, ok := g.since(h); ok && d < n && g.slot(h) == i {
-			ds = append(ds, drop{g.seqs[i], ghostDrop{h, g.held[i/64]&(1<<(i%64)) != 0}})
+			ds = append(ds, drop{g.seqs[i], ghostDrop{h, g.heldAt(i)}})
 		}
 	}
 	slices.SortFunc(ds, func(a, b drop) int { return int(int32(a.seq - b.seq)) })

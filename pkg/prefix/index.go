@@ -482,6 +482,11 @@ func (x *Index) drop(l *endpointLRU, ni uint32) {
 	x.unlinkLRU(l, ni)
 	l.byHash.del(h)
 	l.n--
+	if l.ghost != nil {
+		// Whatever the drop (for room, whose push has just cleared the bit; a trim; a
+		// removal), the LRU no longer holds h: Index.droppedSince counts it again.
+		l.ghost.setHeld(h, false)
+	}
 	ref, _ := x.blocks.get(h)
 	first, count := uint32(ref), uint32(ref>>32)
 	if n.sprev != 0 {
@@ -651,11 +656,6 @@ func (x *Index) TrimOlder(slot int, stamp uint32) (evicted, kept int) {
 		l.trimmed = true
 		i := 0
 		for ; i < removeChunk && l.tail != 0 && int32(x.node(l.tail).stamp-stamp) <= 0; i++ {
-			if l.ghost != nil {
-				// No longer held, and not remembered as dropped for room (evictForRoom's
-				// push clears the bit of those).
-				l.ghost.setHeld(x.node(l.tail).hash, false)
-			}
 			x.evict(l)
 			evicted++
 		}
