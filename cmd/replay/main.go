@@ -44,7 +44,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	policies := fs.String("policies", strings.Join(replay.PolicyNames(), ","), "comma-separated routing policies: "+strings.Join(replay.PolicyNames(), ", "))
 	seed := fs.Uint64("seed", 1, "seed of the generated workloads (one run; see --seeds)")
 	seeds := fs.String("seeds", "", `seeds, each a full run: "1-6" (tuning), "101-112" (held-out reporting), or "1,4,9"; overrides --seed`)
-	suite := fs.String("suite", "", `"standard": every workload under the standard scenarios (default, mixed, small-caches, capacity-x10, capacity-x0.1); replaces the scenario flags`)
+	suite := fs.String("suite", "", `"standard": every workload under the standard scenarios (default, mixed, small-caches, capacity-x10, capacity-x0.1, small-caches-busy); "heavy": the small caches at 0.7 and 0.85 of the default load (small-caches-heavy, small-caches-overload); replaces the scenario flags`)
 	engines := fs.Int("engines", 8, "simulated engines (model servers)")
 	requests := fs.Int("requests", 0, "requests per workload (0: each workload's default, scaled with --engines)")
 	rate := fs.Float64("rate", 0, "arrival rate, requests per simulated second (0: each workload's default, scaled with --engines); for a trace, rescales its timestamps to this mean rate")
@@ -125,15 +125,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		o.Scenarios = []replay.Scenario{sc}
-	case "standard":
+	case "standard", "heavy":
 		for _, f := range scenarioFlags {
 			if set[f] {
-				return fmt.Errorf("--%s: the standard suite sets its own scenarios; drop --suite to run one scenario", f)
+				return fmt.Errorf("--%s: the %s suite sets its own scenarios; drop --suite to run one scenario", f, *suite)
 			}
 		}
 		o.Scenarios = replay.StandardScenarios()
+		if *suite == "heavy" {
+			o.Scenarios = replay.HeavyScenarios()
+		}
 	default:
-		return fmt.Errorf("--suite %q: want standard (or nothing)", *suite)
+		return fmt.Errorf("--suite %q: want standard, heavy (or nothing)", *suite)
 	}
 	switch {
 	case *clock != replay.ClockReal && *clock != replay.ClockVirtual:

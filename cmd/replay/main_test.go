@@ -33,6 +33,7 @@ func TestBadFlagsNameTheProblem(t *testing.T) {
 		{[]string{"--seeds", "6-1"}, "--seeds"},
 		{[]string{"--suite", "everything"}, "--suite"},
 		{[]string{"--suite", "standard", "--kv-blocks", "1000"}, "--kv-blocks"},
+		{[]string{"--suite", "heavy", "--load-scale", "0.5"}, "--load-scale"},
 		{[]string{"--picker-capacity-factor", "-1"}, "--picker-capacity-factor"},
 		{[]string{"--load-scale", "-0.5"}, "--load-scale"},
 		{[]string{"--picker-log-level", "verbose"}, "--picker-log-level"},

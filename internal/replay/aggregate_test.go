@@ -163,6 +163,19 @@ func TestSmallCachesScaleTheLoadWithTheCaches(t *testing.T) {
 		k.requests != 880 || math.Abs(k.rate-15.84) > 1e-9 {
 		t.Fatalf("%s: %d requests at %v/s (%v), want 880 at 15.84", busy.Name, k.requests, k.rate, err)
 	}
+	// The heavy suite: × 0.7 and × 0.85 on the same caches, 1,120 and 1,360 requests at 20.16
+	// and 24.48 req/s.
+	for i, want := range []struct {
+		name     string
+		requests int
+		rate     float64
+	}{{"small-caches-heavy", 1120, 20.16}, {"small-caches-overload", 1360, 24.48}} {
+		sc := HeavyScenarios()[i]
+		if k, err := o.size("shared-prefix", sc, EngineConfig()); err != nil || sc.Name != want.name || sc.KVBlocks != SmallCaches ||
+			k.requests != want.requests || math.Abs(k.rate-want.rate) > 1e-9 {
+			t.Fatalf("%s: %d requests at %v/s (%v), want %s: %d at %v", sc.Name, k.requests, k.rate, err, want.name, want.requests, want.rate)
+		}
+	}
 	if k, _ := o.size("shared-prefix", DefaultScenario(), EngineConfig()); k.requests != 0 || k.rate != 0 {
 		t.Fatalf("default scenario: %+v, want the workload's own defaults (0)", k)
 	}

@@ -172,6 +172,27 @@ const SmallCaches = "768-1856"
 // (every policy's p50 ~20 s; docs/replay.md, "Scenarios").
 const BusyLoad = 0.55
 
+// HeavyLoad and OverLoad are the loads of the heavy suite on the small caches: at 0.7 of the
+// default most engines lack KV room for a long prompt at a time (kvpick's multi-turn p90 was
+// 1.2x gie's there), at 0.85 every policy's queues grow for the whole run (docs/benchmarks.md,
+// "Heavier loads").
+const (
+	HeavyLoad = 0.7
+	OverLoad  = 0.85
+)
+
+// HeavyScenarios are the conditions of the heavy suite: the small caches beyond the standard
+// scenarios' loads, where the picker's trade-offs are tested under memory pressure.
+func HeavyScenarios() []Scenario {
+	heavy := DefaultScenario()
+	heavy.Name, heavy.About = "small-caches-heavy", "the small caches at 0.7 of the default load: most engines short of KV room for a long prompt"
+	heavy.KVBlocks, heavy.LoadScale = SmallCaches, HeavyLoad
+	over := heavy
+	over.Name, over.About = "small-caches-overload", "the small caches at 0.85 of the default load: queues grow for the whole run under every policy"
+	over.LoadScale = OverLoad
+	return []Scenario{heavy, over}
+}
+
 // StandardScenarios are the conditions of the standard report (docs/replay.md, "Scenarios").
 func StandardScenarios() []Scenario {
 	d := DefaultScenario()
