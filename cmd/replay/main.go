@@ -131,9 +131,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 				return fmt.Errorf("--%s: the %s suite sets its own scenarios; drop --suite to run one scenario", f, *suite)
 			}
 		}
-		o.Scenarios = replay.StandardScenarios()
 		if *suite == "heavy" {
 			o.Scenarios = replay.HeavyScenarios()
+		} else {
+			o.Scenarios = replay.StandardScenarios()
 		}
 	default:
 		return fmt.Errorf("--suite %q: want standard, heavy (or nothing)", *suite)
