@@ -104,6 +104,10 @@ type learning struct {
 	floor, lastBound float64
 }
 
+// sized reports whether the evidence sizes the endpoint on its own (a learned capacity or a
+// usage floor), so that apply neither gives it the default nor lets it follow the default.
+func (l *learning) sized() bool { return l != nil && (l.tokens > 0 || l.floor > 0) }
+
 func newCapacities(x *Index, p Params) *capacities {
 	c := &capacities{
 		index: x, blockSize: p.BlockSize, configured: p.LRUCapacityPerEndpoint,
@@ -267,7 +271,7 @@ func (c *capacities) apply() {
 		n, source := defCap, "default"
 		if t := c.reported[e]; t > 0 {
 			n, source = c.blocksLocked(float64(t)), "reported"
-		} else if l := c.learned[e]; l != nil && (l.tokens > 0 || l.floor > 0) {
+		} else if l := c.learned[e]; l.sized() {
 			if l.tokens > 0 {
 				n, source = c.blocksLocked(l.tokens), "learned"
 			} else {
@@ -310,7 +314,7 @@ func (c *capacities) apply() {
 	keep := map[int]bool{}
 	for _, p := range want {
 		p.cap = max(1, int(float64(p.cap)*scale))
-		if l := c.learned[p.ep]; c.reported[p.ep] > 0 || l != nil && (l.tokens > 0 || l.floor > 0) {
+		if c.reported[p.ep] > 0 || c.learned[p.ep].sized() {
 			keep[p.ep.Slot] = true
 		}
 		if on := c.learn && c.reported[p.ep] == 0; on != c.ghost[p.ep] {
