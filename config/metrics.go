@@ -55,6 +55,12 @@ type MetricNames struct {
 	// prefills the server finished, which tells the picker when non-streamed requests' prefills
 	// are over.
 	FirstTokens string `json:"firstTokens"`
+	// PrefixQueries and PrefixHits are counters of prompt tokens looked up in the prefix cache
+	// and of those found cached (as vllm:prefix_cache_queries_total and
+	// vllm:prefix_cache_hits_total): the server's real reuse, which the prefix scorer holds its
+	// predictions against. Both or neither.
+	PrefixQueries string `json:"prefixQueries"`
+	PrefixHits    string `json:"prefixHits"`
 }
 
 // MetricEngines are the values ModelServerMetrics.Engine accepts.
@@ -70,14 +76,17 @@ func (m *ModelServerMetrics) validate() error {
 	if m.Engine == "custom" {
 		n := m.Names
 		if n.Waiting == "" && n.Running == "" && n.KVUsage == "" && n.CacheConfigInfo == "" && n.CapacityTokens == "" && n.LoRAInfo == "" {
-			return fmt.Errorf("pool.metrics.names: engine custom needs at least one metric name (waiting, running, kvUsage, cacheConfigInfo, capacityTokens, loraInfo, firstTokens)")
+			return fmt.Errorf("pool.metrics.names: engine custom needs at least one metric name (waiting, running, kvUsage, cacheConfigInfo, capacityTokens, loraInfo, firstTokens, prefixQueries, prefixHits)")
 		}
 		for field, name := range map[string]string{"waiting": n.Waiting, "running": n.Running, "kvUsage": n.KVUsage,
 			"cacheConfigInfo": n.CacheConfigInfo, "capacityTokens": n.CapacityTokens, "loraInfo": n.LoRAInfo,
-			"firstTokens": n.FirstTokens} {
+			"firstTokens": n.FirstTokens, "prefixQueries": n.PrefixQueries, "prefixHits": n.PrefixHits} {
 			if name != "" && !validMetricName(name) {
 				return fmt.Errorf("pool.metrics.names.%s %q: not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", field, name)
 			}
+		}
+		if (n.PrefixQueries == "") != (n.PrefixHits == "") {
+			return fmt.Errorf("pool.metrics.names: prefixQueries and prefixHits go together (one without the other is not read)")
 		}
 	} else if m.Names != (MetricNames{}) {
 		return fmt.Errorf("pool.metrics.names: only used with engine: custom (engine is %q)", m.Engine)

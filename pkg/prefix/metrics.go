@@ -11,6 +11,7 @@ type pluginMetrics struct {
 	trims, trimmed                  *prometheus.CounterVec
 	grows, grown                    *prometheus.CounterVec
 	capacity, floor                 *prometheus.GaugeVec
+	predictedShare, serverShare     *prometheus.GaugeVec
 	hitBlocks, reqBlocks            prometheus.Counter
 	hitRatio                        prometheus.Histogram
 	serverPrompt, serverCached      prometheus.Counter
@@ -87,7 +88,16 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		Name: "kvpick_prefix_endpoint_usage_floor_tokens",
 		Help: "For an endpoint that reports no KV cache size: the usable tokens its cache holds at least, from the blocks the picker's requests running there reference over its reported KV usage.",
 	}, []string{"endpoint"})
-	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown, m.capacity, m.floor)
+	m.predictedShare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvpick_prefix_endpoint_predicted_hit_share",
+		Help: "Share of their prompts the requests sent to an endpoint were predicted to find cached there (the prefix scorer's match at pick), over the last ~65K prompt tokens its server looked up; set once its server reports prefix-cache counters.",
+	}, []string{"endpoint"})
+	m.serverShare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvpick_prefix_endpoint_server_hit_share",
+		Help: "Share of the prompt tokens an endpoint's server looked up in its prefix cache that it found there (vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total), over the same window: well below the predicted share, the server loses prefixes the picker counts on.",
+	}, []string{"endpoint"})
+	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown, m.capacity, m.floor,
+		m.predictedShare, m.serverShare)
 	stat := func(name, help string, f func(Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return f(pl.index.Stats()) })
@@ -139,6 +149,11 @@ func (m *pluginMetrics) setCapacity(ep *router.Endpoint, blocks int) {
 	m.capacity.WithLabelValues(ep.Addr).Set(float64(blocks))
 }
 
+func (m *pluginMetrics) setHitShares(ep *router.Endpoint, predicted, server float64) {
+	m.predictedShare.WithLabelValues(ep.Addr).Set(predicted)
+	m.serverShare.WithLabelValues(ep.Addr).Set(server)
+}
+
 func (m *pluginMetrics) setFloor(ep *router.Endpoint, tokens float64) {
 	m.floor.WithLabelValues(ep.Addr).Set(tokens)
 }
@@ -147,6 +162,8 @@ func (m *pluginMetrics) setFloor(ep *router.Endpoint, tokens float64) {
 func (m *pluginMetrics) forget(ep *router.Endpoint) {
 	m.capacity.DeleteLabelValues(ep.Addr)
 	m.floor.DeleteLabelValues(ep.Addr)
+	m.predictedShare.DeleteLabelValues(ep.Addr)
+	m.serverShare.DeleteLabelValues(ep.Addr)
 	for _, v := range []*prometheus.CounterVec{m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown} {
 		v.DeleteLabelValues(ep.Addr)
 	}

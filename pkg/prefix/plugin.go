@@ -52,6 +52,11 @@ type Params struct {
 	// recent traffic starts with over as many endpoints (hot.go), instead of pulling it to the
 	// few that hold it.
 	ReplicateHotPrefixes bool `json:"replicateHotPrefixes"`
+	// ServerHitDiscount scales the matches on an endpoint whose server's prefix-cache counters
+	// (vllm:prefix_cache_hits_total over _queries_total) show it finding clearly less than the
+	// picker predicted for the requests it sent there (retention.go). Experimental, off by
+	// default: on tuning seeds it helped an overload's tail and cost its median.
+	ServerHitDiscount bool `json:"serverHitDiscount"`
 }
 
 // Validate names the first bad field.
@@ -101,6 +106,9 @@ type Plugin struct {
 	reuse   reuseRate
 	// hot counts the traffic's shared prefixes (ReplicateHotPrefixes; nil when off).
 	hot *hotPrefixes
+	// ret holds the picks' predictions against the servers' prefix-cache counters
+	// (retention.go).
+	ret *retention
 }
 
 var (
@@ -124,6 +132,7 @@ type state struct {
 	hashes    []uint64
 	lens      []int32  // matched blocks by endpoint slot, from the last Score
 	committed []int32  // the part of lens that the index holds (the rest: pending records)
+	unscaled  []int32  // lens before serverHitDiscount scaled it (only with it)
 	pendings  []int32  // pending records sharing the prompt's prefix and still prefilling, by slot
 	prefilled []int32  // the part of lens that pending records past their prefill hold, by slot
 	ages      []uint32 // index tail ages by endpoint slot, from the last Score
@@ -178,10 +187,12 @@ func New(p Params, reg prometheus.Registerer, opts ...Option) (*Plugin, error) {
 	if p.ReplicateHotPrefixes {
 		pl.hot = newHotPrefixes()
 	}
+	pl.ret = &retention{}
 	pl.metrics = newPluginMetrics(pl, reg)
 	if pl.metrics != nil {
 		pl.caps.applied = pl.metrics.setCapacity
 		pl.caps.floored = pl.metrics.setFloor
+		pl.ret.observed = pl.metrics.setHitShares
 	}
 	for _, o := range opts {
 		o(pl)
@@ -245,6 +256,13 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	st.prefilled = zeroedSlots(st.prefilled, maxSlot+1)
 	minMatch := max(pl.p.MinMatchBlocks, 1)
 	pl.pending.match(st.hashes, pl.now(), st.lens, st.pendings, st.prefilled, minMatch)
+	if pl.p.ServerHitDiscount {
+		// The prediction the server's counters are held against is the unscaled one: scaled, it
+		// would chase its own discount.
+		st.unscaled = append(st.unscaled[:0], st.lens...)
+		pl.ret.scale(eps, st.lens)
+		pl.ret.scale(eps, st.prefilled)
+	}
 	st.scored, st.runDone = true, false
 	total := float64(len(st.hashes))
 	// A pending match draws followers to a prefill in progress only while it is the only one:
@@ -264,7 +282,11 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 		}
 		best = max(best, m)
 		if inFlight > 1 {
-			m = int(max(st.committed[e.Slot], st.prefilled[e.Slot]))
+			c := st.committed[e.Slot]
+			if pl.p.ServerHitDiscount {
+				c = int32(float64(c) * pl.ret.trust(e.Slot))
+			}
+			m = int(max(c, st.prefilled[e.Slot]))
 			if m < minMatch {
 				continue
 			}
@@ -331,6 +353,20 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 		pl.owned.add(ep, st, st.hashes, req.PickSeq, now)
 	}
 	pl.recordPrediction(st, ep)
+	if st.scored {
+		// What Score promised there (index, pending and running records), for the server's
+		// counters to confirm (retention.go).
+		held, lens := 0, st.lens
+		if pl.p.ServerHitDiscount {
+			lens = st.unscaled
+		}
+		if ep.Slot < len(lens) {
+			if m := int(lens[ep.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
+				held = m
+			}
+		}
+		pl.ret.picked(ep, held, len(st.hashes))
+	}
 }
 
 // ResponseHeaders commits the prompt's blocks to the endpoint that served it when the status is
@@ -408,6 +444,7 @@ func (pl *Plugin) Usage(req *router.Request, served *router.Endpoint, u openai.U
 func (pl *Plugin) MetricsUpdated(ep *router.Endpoint, m *router.Metrics) {
 	pl.caps.metrics(ep, m)
 	pl.usageFloor(ep, m)
+	pl.ret.metrics(ep, m)
 }
 
 // Done drops whatever the request still holds and recycles its state.
@@ -436,6 +473,7 @@ func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
 	for _, e := range removed {
 		pl.index.RemoveEndpoint(e.Slot)
 		pl.owned.forget(e)
+		pl.ret.forget(e)
 	}
 	pl.caps.endpoints(added, removed)
 	if pl.metrics != nil {

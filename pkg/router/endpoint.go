@@ -166,9 +166,16 @@ type Metrics struct {
 	// many prefills it finished, streamed or not.
 	FirstTokens uint64
 
-	HasQueue       bool // Waiting and Running were reported
-	HasKVUsage     bool // KVUsage was reported
-	HasFirstTokens bool // FirstTokens was reported
+	// PrefixQueries and PrefixHits are the server's cumulative counts of prompt tokens looked up
+	// in its prefix cache and of those it found there (vllm:prefix_cache_queries_total and
+	// vllm:prefix_cache_hits_total, counted when a request is first scheduled): what the
+	// server really reused, to hold the index's predictions against.
+	PrefixQueries, PrefixHits uint64
+
+	HasQueue          bool // Waiting and Running were reported
+	HasKVUsage        bool // KVUsage was reported
+	HasFirstTokens    bool // FirstTokens was reported
+	HasPrefixCounters bool // PrefixQueries and PrefixHits were both reported
 
 	// ScrapedAt is when the scrape's answer arrived; StaleAt when it stops being trusted.
 	ScrapedAt time.Time

@@ -20,11 +20,13 @@ const (
 	fieldCapacityTokens              // gauge, KV cache size in tokens, series summed
 	fieldLoRA                        // gauge whose newest series (highest value) describes the adapters
 	fieldFirstTokens                 // counter of first tokens (a TTFT histogram's _count), series summed
+	fieldPrefixQueries               // counter of prompt tokens looked up in the prefix cache, series summed
+	fieldPrefixHits                  // counter of those tokens found cached, series summed
 	numFields
 )
 
 // fieldNames are the config's names of the fields, for log lines.
-var fieldNames = [numFields]string{"waiting", "running", "kvUsage", "cacheConfigInfo", "capacityTokens", "loraInfo", "firstTokens"}
+var fieldNames = [numFields]string{"waiting", "running", "kvUsage", "cacheConfigInfo", "capacityTokens", "loraInfo", "firstTokens", "prefixQueries", "prefixHits"}
 
 // profile is one engine's metric names: for every field, the families that report it in order
 // of preference (a newer name before the name it replaced); none when the engine does not
@@ -45,6 +47,10 @@ var vllmProfile = profile{engine: "vllm", names: [numFields][]string{
 	// The count of the time-to-first-token histogram: prefills finished, streamed or not. Only
 	// the _count series is read (and, with filterFamilies, asked for).
 	fieldFirstTokens: {"vllm:time_to_first_token_seconds_count"},
+	// Prefix-cache lookups and hits, in tokens, counted when a request is first scheduled; the
+	// gpu_ names are the releases before 0.10's rename.
+	fieldPrefixQueries: {"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"},
+	fieldPrefixHits:    {"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"},
 }}
 
 // SGLang (--enable-metrics). Its KV cache is a token pool: max_total_num_tokens is its size.
@@ -71,6 +77,8 @@ func customProfile(n config.MetricNames) profile {
 		fieldCapacityTokens: one(n.CapacityTokens),
 		fieldLoRA:           one(n.LoRAInfo),
 		fieldFirstTokens:    one(n.FirstTokens),
+		fieldPrefixQueries:  one(n.PrefixQueries),
+		fieldPrefixHits:     one(n.PrefixHits),
 	}}
 }
 
@@ -125,9 +133,9 @@ func newSchema(cfg config.ModelServerMetrics) (*schema, error) {
 					i = len(s.families)
 					s.families = append(s.families, family{name: n, kind: field(f)})
 					s.byName[n] = i
-					// A series of a histogram or summary (name_count) comes under its
-					// family's TYPE line (name): that line is asked for too, not another family.
-					for _, suffix := range []string{"_count", "_sum", "_bucket"} {
+					// A series of a histogram or summary (name_count) or a counter (name_total)
+					// comes under its family's TYPE line (name): not another family.
+					for _, suffix := range []string{"_count", "_sum", "_bucket", "_total"} {
 						if base, ok := strings.CutSuffix(n, suffix); ok {
 							s.parents[base] = true
 						}

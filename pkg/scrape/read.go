@@ -29,6 +29,9 @@ const maxKeptLines = 64 << 10
 const (
 	maxCount  = 1e9     // requests waiting or running on one server
 	maxTokens = 1 << 40 // KV cache tokens on one server
+	// A counter (first tokens, prefix-cache tokens looked up) over the server's life: 2^53 is
+	// where a float64 stops counting by one, decades of tokens at any rate a server reaches.
+	maxCounter = 1 << 53
 )
 
 // reader turns one endpoint's metrics pages into router.Metrics; one goroutine uses it at a
@@ -181,6 +184,11 @@ func (r *reader) read(body []byte) reading {
 	}
 	if ft, ok := get(fieldFirstTokens); ok {
 		m.HasFirstTokens, m.FirstTokens = true, uint64(ft.v)
+	}
+	q, okQ := get(fieldPrefixQueries)
+	h, okH := get(fieldPrefixHits)
+	if okQ && okH && h.v <= q.v {
+		m.HasPrefixCounters, m.PrefixQueries, m.PrefixHits = true, uint64(q.v), uint64(h.v)
 	}
 	switch {
 	case len(invalid) > 0:
@@ -436,7 +444,7 @@ func (r *reader) parse(text []byte) (mfs map[string]*dto.MetricFamily, err error
 func extract(kind field, ms []*dto.Metric) value {
 	v := value{found: true}
 	switch kind {
-	case fieldWaiting, fieldRunning, fieldCapacityTokens, fieldKVUsage, fieldFirstTokens:
+	case fieldWaiting, fieldRunning, fieldCapacityTokens, fieldKVUsage, fieldFirstTokens, fieldPrefixQueries, fieldPrefixHits:
 		return aggregate(kind, len(ms), func(i int) (float64, bool) { return sampleValue(ms[i]) })
 	case fieldCacheConfig:
 		for _, m := range ms {
@@ -485,7 +493,7 @@ func extract(kind field, ms []*dto.Metric) value {
 // valueOnly reports whether a field is read from its samples' values alone (not their labels).
 func valueOnly(kind field) bool {
 	return kind == fieldWaiting || kind == fieldRunning || kind == fieldKVUsage || kind == fieldCapacityTokens ||
-		kind == fieldFirstTokens
+		kind == fieldFirstTokens || kind == fieldPrefixQueries || kind == fieldPrefixHits
 }
 
 // aggregate is what n samples of a value-only field say; sample(i) is the i-th value (false:
@@ -493,8 +501,8 @@ func valueOnly(kind field) bool {
 func aggregate(kind field, n int, sample func(i int) (float64, bool)) value {
 	v := value{found: true}
 	limit := float64(maxCount)
-	if kind == fieldCapacityTokens || kind == fieldFirstTokens {
-		limit = maxTokens // a counter of first tokens grows for the server's whole life
+	if kind == fieldCapacityTokens || kind == fieldFirstTokens || kind == fieldPrefixQueries || kind == fieldPrefixHits {
+		limit = maxCounter // counters grow for the server's whole life
 	}
 	for i := range n {
 		x, ok := sample(i)

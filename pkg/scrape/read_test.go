@@ -435,3 +435,41 @@ func TestReadFirstTokensFromTheTTFTHistogram(t *testing.T) {
 		})
 	}
 }
+
+// The prefix-cache counters are read from their _total series (summed over data-parallel
+// engines), under the counter's own TYPE line, with the names of releases before the rename as
+// a fallback; both are needed, and a page whose hits exceed its queries reports neither.
+func TestReadPrefixCacheCounters(t *testing.T) {
+	queue := "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1\n" +
+		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2\n"
+	counter := func(name string, a, b float64) string {
+		return fmt.Sprintf("# HELP %[1]s Tokens.\n# TYPE %[1]s counter\n"+
+			"%[1]s_total{engine=\"0\",model_name=\"m\"} %[2]g\n%[1]s_created{engine=\"0\",model_name=\"m\"} 1.7e9\n"+
+			"%[1]s_total{engine=\"1\",model_name=\"m\"} %[3]g\n", name, a, b)
+	}
+	tests := []struct {
+		name          string
+		page          string
+		has           bool
+		queries, hits uint64
+	}{
+		{"current names, two engines summed", queue + counter("vllm:prefix_cache_queries", 1000, 500) + counter("vllm:prefix_cache_hits", 400, 100), true, 1500, 500},
+		{"names before the rename", queue + counter("vllm:gpu_prefix_cache_queries", 10, 20) + counter("vllm:gpu_prefix_cache_hits", 5, 5), true, 30, 10},
+		{"queries without hits: neither", queue + counter("vllm:prefix_cache_queries", 1000, 500), false, 0, 0},
+		{"more hits than queries: neither", queue + counter("vllm:prefix_cache_queries", 10, 10) + counter("vllm:prefix_cache_hits", 40, 10), false, 0, 0},
+		{"no counters: unknown, not zero", queue, false, 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rd := mustReader(t, config.ModelServerMetrics{Engine: "vllm"}).read([]byte(tc.page))
+			m := rd.m
+			if m.HasPrefixCounters != tc.has || m.PrefixQueries != tc.queries || m.PrefixHits != tc.hits {
+				t.Fatalf("counters %d/%d (reported %v), want %d/%d (%v); result %v %s",
+					m.PrefixHits, m.PrefixQueries, m.HasPrefixCounters, tc.hits, tc.queries, tc.has, rd.result, rd.detail)
+			}
+			if !m.HasQueue || rd.others != 0 {
+				t.Fatalf("queue read %v, %d families counted as not asked for", m.HasQueue, rd.others)
+			}
+		})
+	}
+}

@@ -30,7 +30,8 @@ func filterCfg() config.ModelServerMetrics {
 func TestRequestPathsNameTheEngineFamilies(t *testing.T) {
 	auto := []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
 		"vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info", "vllm:time_to_first_token_seconds_count",
-		"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
+		"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+		"vllm:gpu_prefix_cache_hits_total", "sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
 		"sglang:time_to_first_token_seconds_count"}
 	tests := []struct {
 		name            string
@@ -40,8 +41,8 @@ func TestRequestPathsNameTheEngineFamilies(t *testing.T) {
 		slash           string
 	}{
 		{"auto: vLLM's current and older names and SGLang's", nil, auto, "/metrics?", "/metrics", "/metrics/?"},
-		{"vllm", func(c *config.ModelServerMetrics) { c.Engine = "vllm" }, auto[:7], "/metrics?", "/metrics", "/metrics/?"},
-		{"sglang", func(c *config.ModelServerMetrics) { c.Engine = "sglang" }, auto[7:], "/metrics?", "/metrics", "/metrics/?"},
+		{"vllm", func(c *config.ModelServerMetrics) { c.Engine = "vllm" }, auto[:11], "/metrics?", "/metrics", "/metrics/?"},
+		{"sglang", func(c *config.ModelServerMetrics) { c.Engine = "sglang" }, auto[11:], "/metrics?", "/metrics", "/metrics/?"},
 		{"custom: the configured names", func(c *config.ModelServerMetrics) { c.Engine, c.Names = customCfg.Engine, customCfg.Names },
 			[]string{"myengine_queue_depth", "myengine_active", "myengine_kv_fraction", "myengine_kv_tokens"}, "/metrics?", "/metrics", "/metrics/?"},
 		{"path with a trailing slash: no slash variant", func(c *config.ModelServerMetrics) { c.Path = "/metrics/" }, auto, "/metrics/?", "/metrics/", ""},
@@ -291,7 +292,7 @@ func TestScraperFiltersWhereTheServerCan(t *testing.T) {
 				t.Errorf("metrics %+v", m)
 			}
 			bytes := gather(t, h.reg)[`kvpick_model_server_metrics_page_bytes{endpoint="`+addr+`"}`]
-			if small := bytes < 2048; small != tc.small {
+			if small := bytes < 4096; small != tc.small {
 				t.Errorf("last page %v bytes, want small %v", bytes, tc.small)
 			}
 		})
@@ -370,7 +371,7 @@ func TestScrapesTheSimulatorFiltered(t *testing.T) {
 	if m == nil || !m.HasQueue || !m.HasKVUsage || m.NumGPUBlocks != 1234 {
 		t.Fatalf("metrics %+v", m)
 	}
-	if b := gather(t, h.reg)[`kvpick_model_server_metrics_page_bytes{endpoint="`+addr+`"}`]; b == 0 || b > 2048 {
+	if b := gather(t, h.reg)[`kvpick_model_server_metrics_page_bytes{endpoint="`+addr+`"}`]; b == 0 || b > 4096 {
 		t.Fatalf("page of %v bytes, want a small filtered one", b)
 	}
 }
@@ -391,7 +392,8 @@ func TestFilteredRequestOnTheWire(t *testing.T) {
 	names := <-got
 	want := []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
 		"vllm:gpu_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info", "vllm:time_to_first_token_seconds_count",
-		"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
+		"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+		"vllm:gpu_prefix_cache_hits_total", "sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
 		"sglang:time_to_first_token_seconds_count"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("name[] = %v, want %v", names, want)
