@@ -52,11 +52,6 @@ type Params struct {
 	// recent traffic starts with over as many endpoints (hot.go), instead of pulling it to the
 	// few that hold it.
 	ReplicateHotPrefixes bool `json:"replicateHotPrefixes"`
-	// ServerHitDiscount scales the matches on an endpoint whose server's prefix-cache counters
-	// (vllm:prefix_cache_hits_total over _queries_total) show it finding clearly less than the
-	// picker predicted for the requests it sent there (retention.go). Experimental, off by
-	// default: on tuning seeds it helped an overload's tail and cost its median.
-	ServerHitDiscount bool `json:"serverHitDiscount"`
 }
 
 // Validate names the first bad field.
@@ -132,7 +127,6 @@ type state struct {
 	hashes    []uint64
 	lens      []int32  // matched blocks by endpoint slot, from the last Score
 	committed []int32  // the part of lens that the index holds (the rest: pending records)
-	unscaled  []int32  // lens before serverHitDiscount scaled it (only with it)
 	pendings  []int32  // pending records sharing the prompt's prefix and still prefilling, by slot
 	prefilled []int32  // the part of lens that pending records past their prefill hold, by slot
 	ages      []uint32 // index tail ages by endpoint slot, from the last Score
@@ -256,13 +250,6 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 	st.prefilled = zeroedSlots(st.prefilled, maxSlot+1)
 	minMatch := max(pl.p.MinMatchBlocks, 1)
 	pl.pending.match(st.hashes, pl.now(), st.lens, st.pendings, st.prefilled, minMatch)
-	if pl.p.ServerHitDiscount {
-		// The prediction the server's counters are held against is the unscaled one: scaled, it
-		// would chase its own discount.
-		st.unscaled = append(st.unscaled[:0], st.lens...)
-		pl.ret.scale(eps, st.lens)
-		pl.ret.scale(eps, st.prefilled)
-	}
 	st.scored, st.runDone = true, false
 	total := float64(len(st.hashes))
 	// A pending match draws followers to a prefill in progress only while it is the only one:
@@ -282,11 +269,7 @@ func (pl *Plugin) Score(_ context.Context, req *router.Request, eps []*router.En
 		}
 		best = max(best, m)
 		if inFlight > 1 {
-			c := st.committed[e.Slot]
-			if pl.p.ServerHitDiscount {
-				c = int32(float64(c) * pl.ret.trust(e.Slot))
-			}
-			m = int(max(c, st.prefilled[e.Slot]))
+			m = int(max(st.committed[e.Slot], st.prefilled[e.Slot]))
 			if m < minMatch {
 				continue
 			}
@@ -356,12 +339,9 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 	if st.scored {
 		// What Score promised there (index, pending and running records), for the server's
 		// counters to confirm (retention.go).
-		held, lens := 0, st.lens
-		if pl.p.ServerHitDiscount {
-			lens = st.unscaled
-		}
-		if ep.Slot < len(lens) {
-			if m := int(lens[ep.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
+		held := 0
+		if ep.Slot < len(st.lens) {
+			if m := int(st.lens[ep.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
 				held = m
 			}
 		}
