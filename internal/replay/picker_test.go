@@ -437,6 +437,41 @@ func TestUsageReportsReachThePicker(t *testing.T) {
 	}
 }
 
+// TestServerHitSharesReachThePicker: the engines' prefix-cache counters, scraped over HTTP as
+// vLLM serves them, reach the prefix plugin, which exports per endpoint the share of looked-up
+// tokens the server found beside the share its picks were predicted to find.
+func TestServerHitSharesReachThePicker(t *testing.T) {
+	ctx := context.Background()
+	w := generate(t, "shared-prefix", Spec{Seed: 1, Engines: 3, Requests: 300})
+	p, eps, _ := startKVPick(t, 3, ClockVirtual, 0)
+	res, err := Run(ctx, RunConfig{Workload: w, Policy: KVPick, Engines: 3, Clock: ClockVirtual, Picker: p, Endpoints: eps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(res)
+	m, err := ScrapeMetrics(ctx, p.MetricsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const server, predicted = "kvpick_prefix_endpoint_server_hit_share", "kvpick_prefix_endpoint_predicted_hit_share"
+	if !m.Has(server) || !m.Has(predicted) {
+		t.Fatalf("no hit shares exported (server %v, predicted %v)", m.Has(server), m.Has(predicted))
+	}
+	// Over the last window of each engine against the engines' whole run: shared system prompts
+	// are found cached at about the same rate throughout once warm.
+	n := float64(len(eps.Addrs()))
+	engines := float64(s.CachedTokens) / float64(s.PromptTokens)
+	srv, pred := m.Sum(server)/n, m.Sum(predicted)/n
+	if srv <= 0 || srv > 1 || math.Abs(srv-engines) > 0.2 {
+		t.Fatalf("mean server hit share %.3f, the engines found %.3f of their prompts cached", srv, engines)
+	}
+	// Logged: the three numbers say how tight the bound is (seed 1: 0.996, 0.998, 0.932).
+	t.Logf("server %.3f, predicted %.3f, engines %.3f", srv, pred, engines)
+	if pred <= 0 || pred > 1 {
+		t.Fatalf("mean predicted hit share %.3f", pred)
+	}
+}
+
 // TestRealClockPickerScrapesLiveMetrics: on the real clock the picker scrapes every engine's
 // address, which answers with the engine's state at that moment.
 func TestRealClockPickerScrapesLiveMetrics(t *testing.T) {
