@@ -57,8 +57,8 @@ type MetricNames struct {
 	FirstTokens string `json:"firstTokens"`
 	// PrefixQueries and PrefixHits are counters of prompt tokens looked up in the prefix cache
 	// and of those found cached (as vllm:prefix_cache_queries_total and
-	// vllm:prefix_cache_hits_total): the server's real reuse, which the prefix scorer holds its
-	// predictions against. Both or neither.
+	// vllm:prefix_cache_hits_total): the server's real reuse, which the prefix plugin exports
+	// per endpoint beside what it predicted. Both or neither.
 	PrefixQueries string `json:"prefixQueries"`
 	PrefixHits    string `json:"prefixHits"`
 }

@@ -48,7 +48,7 @@ var vllmProfile = profile{engine: "vllm", names: [numFields][]string{
 	// the _count series is read (and, with filterFamilies, asked for).
 	fieldFirstTokens: {"vllm:time_to_first_token_seconds_count"},
 	// Prefix-cache lookups and hits, in tokens, counted when a request is first scheduled; the
-	// gpu_ names are the releases before 0.10's rename.
+	// gpu_ names are earlier releases' (renamed as gpu_cache_usage_perc was).
 	fieldPrefixQueries: {"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"},
 	fieldPrefixHits:    {"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"},
 }}
