@@ -58,9 +58,11 @@ type MetricNames struct {
 	// PrefixQueries and PrefixHits are counters of prompt tokens looked up in the prefix cache
 	// and of those found cached (as vllm:prefix_cache_queries_total and
 	// vllm:prefix_cache_hits_total): the server's real reuse, which the prefix plugin exports
-	// per endpoint beside what it predicted. Both or neither.
-	PrefixQueries string `json:"prefixQueries"`
-	PrefixHits    string `json:"prefixHits"`
+	// per endpoint beside what it predicted. Both or neither. Left out of a written config when
+	// empty, so that a replay of this build can still configure picker binaries built before
+	// them (which refuse unknown fields).
+	PrefixQueries string `json:"prefixQueries,omitempty"`
+	PrefixHits    string `json:"prefixHits,omitempty"`
 }
 
 // MetricEngines are the values ModelServerMetrics.Engine accepts.

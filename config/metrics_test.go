@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +58,30 @@ func TestModelServerMetricsConfig(t *testing.T) {
 				t.Fatalf("err = %v, want it to mention %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// A written configuration (the replay marshals one for each picker it starts) leaves out empty
+// prefix-cache counter names: picker binaries built before those fields existed refuse unknown
+// fields, and must still start from a configuration this build writes.
+func TestWrittenConfigLeavesOutEmptyCounterNames(t *testing.T) {
+	b, err := json.Marshal(Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"prefixQueries", "prefixHits"} {
+		if strings.Contains(string(b), `"`+f+`"`) {
+			t.Fatalf("the default configuration, written, names %s: %s", f, b)
+		}
+	}
+	c := Default()
+	c.Pool.Metrics.Engine = "custom"
+	c.Pool.Metrics.Names = MetricNames{Waiting: "q", PrefixQueries: "lookups_total", PrefixHits: "hits_total"}
+	b, err = json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"prefixHits":"hits_total"`) {
+		t.Fatalf("a set name was left out: %s", b)
 	}
 }
