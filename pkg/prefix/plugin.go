@@ -337,7 +337,7 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 	}
 	pl.recordPrediction(st, ep)
 	if st.scored {
-		// What Score promised there (index, pending and running records), for the server's
+		// What Score promised there (index and pending records), for the server's
 		// counters to confirm (retention.go).
 		held := 0
 		if ep.Slot < len(st.lens) {

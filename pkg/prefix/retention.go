@@ -15,7 +15,7 @@ import (
 // server short of KV room loses a prefix seconds after it was used. The counters say every
 // scrape what share of what it looks up the server finds; beside it the plugin keeps the share
 // of their prompts the requests it sent there were predicted to find (Score's match at pick:
-// index, pending and running records), over the same window, and exports both per endpoint: a
+// index and pending records), over the same window, and exports both per endpoint: a
 // server finding far less than predicted is one the picker over-promises.
 //
 // The two windows hold different requests (the counters count at admission, the predictions at
