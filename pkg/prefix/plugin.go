@@ -311,13 +311,15 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 	if st == nil || len(st.hashes) == 0 {
 		return
 	}
-	if st.scored && pl.metrics != nil {
-		hit := 0
-		if ep.Slot < len(st.lens) {
-			if m := int(st.lens[ep.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
-				hit = m
-			}
+	// What Score promised on ep (index and pending records, 0 below minMatchBlocks): for the
+	// hit-ratio metrics and for the server's counters to confirm (retention.go).
+	hit := 0
+	if st.scored && ep.Slot < len(st.lens) {
+		if m := int(st.lens[ep.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
+			hit = m
 		}
+	}
+	if st.scored && pl.metrics != nil {
 		pl.metrics.observe(hit, len(st.hashes))
 	}
 	if pl.hot != nil {
@@ -337,15 +339,7 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 	}
 	pl.recordPrediction(st, ep)
 	if st.scored {
-		// What Score promised there (index and pending records), for the server's
-		// counters to confirm (retention.go).
-		held := 0
-		if ep.Slot < len(st.lens) {
-			if m := int(st.lens[ep.Slot]); m >= max(pl.p.MinMatchBlocks, 1) {
-				held = m
-			}
-		}
-		pl.ret.picked(ep, held, len(st.hashes))
+		pl.ret.picked(ep, hit, len(st.hashes))
 	}
 }
 
