@@ -80,22 +80,17 @@ func newPluginMetrics(pl *Plugin, reg prometheus.Registerer) *pluginMetrics {
 		"Times a server reported cache hits on blocks the index had dropped for want of room, and the endpoint's learned capacity grew.")
 	m.grown = ev("kvpick_prefix_evidence_grown_blocks_total",
 		"Index blocks added to learned capacities because servers still held blocks the index had dropped.")
-	m.capacity = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "kvpick_prefix_endpoint_capacity_blocks",
-		Help: "Capacity of an endpoint's share of the index, in index blocks: from its reported KV cache, learned from the evidence, or the default.",
-	}, []string{"endpoint"})
-	m.floor = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "kvpick_prefix_endpoint_usage_floor_tokens",
-		Help: "For an endpoint that reports no KV cache size: the usable tokens its cache holds at least, from the blocks the picker's requests running there reference over its reported KV usage.",
-	}, []string{"endpoint"})
-	m.predictedShare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "kvpick_prefix_endpoint_predicted_hit_share",
-		Help: "Share of their prompts the requests sent to an endpoint were predicted to find cached there (the prefix scorer's match at pick), over the last ~65K prompt tokens its server looked up; set once its server reports prefix-cache counters.",
-	}, []string{"endpoint"})
-	m.serverShare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "kvpick_prefix_endpoint_server_hit_share",
-		Help: "Share of the prompt tokens an endpoint's server looked up in its prefix cache that it found there (vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total), over the same window: well below the predicted share, the server loses prefixes the picker counts on.",
-	}, []string{"endpoint"})
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"endpoint"})
+	}
+	m.capacity = gauge("kvpick_prefix_endpoint_capacity_blocks",
+		"Capacity of an endpoint's share of the index, in index blocks: from its reported KV cache, learned from the evidence, or the default.")
+	m.floor = gauge("kvpick_prefix_endpoint_usage_floor_tokens",
+		"For an endpoint that reports no KV cache size: the usable tokens its cache holds at least, from the blocks the picker's requests running there reference over its reported KV usage.")
+	m.predictedShare = gauge("kvpick_prefix_endpoint_predicted_hit_share",
+		"Share of their prompts the requests sent to an endpoint were predicted to find cached there (the prefix scorer's match at pick), over the last ~65K prompt tokens its server looked up; set once its server reports prefix-cache counters.")
+	m.serverShare = gauge("kvpick_prefix_endpoint_server_hit_share",
+		"Share of the prompt tokens an endpoint's server looked up in its prefix cache that it found there (vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total), over the same window: well below the predicted share, the server loses prefixes the picker counts on.")
 	reg.MustRegister(m.predictedCached, m.reportedCached, m.trims, m.trimmed, m.grows, m.grown, m.capacity, m.floor,
 		m.predictedShare, m.serverShare)
 	stat := func(name, help string, f func(Stats) float64) prometheus.Collector {
