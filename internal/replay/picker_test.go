@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/internal/promtext"
 )
 
 var (
@@ -395,7 +396,6 @@ func TestPickerConfigOverridesOnlyTheReplaySettings(t *testing.T) {
 // over the prompts that reported them) is the engines' own; with it off (vLLM's default) the
 // picker sees no cached_tokens at all.
 func TestUsageReportsReachThePicker(t *testing.T) {
-	ctx := context.Background()
 	for _, tc := range []struct {
 		name    string
 		mix     StreamMix
@@ -410,17 +410,7 @@ func TestUsageReportsReachThePicker(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			mix := tc.mix
 			w := generate(t, "shared-prefix", Spec{Seed: 1, Engines: 3, Requests: 150, Streaming: &mix})
-			p, eps, _ := startKVPick(t, 3, ClockVirtual, 0)
-			res, err := Run(ctx, RunConfig{Workload: w, Policy: KVPick, Engines: 3, Clock: ClockVirtual, Picker: p, Endpoints: eps,
-				OmitCachedTokens: tc.omit})
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := Summarize(res)
-			m, err := ScrapeMetrics(ctx, p.MetricsAddr)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, m, _ := runAndScrapeKVPick(t, RunConfig{Workload: w, Engines: 3, OmitCachedTokens: tc.omit})
 			cached := m.Sum("kvpick_prefix_server_cached_tokens_total")
 			prompts := m.Sum("kvpick_prefix_server_prompt_with_cached_tokens_total")
 			switch {
@@ -437,22 +427,31 @@ func TestUsageReportsReachThePicker(t *testing.T) {
 	}
 }
 
-// TestServerHitSharesReachThePicker: the engines' prefix-cache counters, scraped over HTTP as
-// vLLM serves them, reach the prefix plugin, which exports per endpoint the share of looked-up
-// tokens the server found beside the share its picks were predicted to find.
-func TestServerHitSharesReachThePicker(t *testing.T) {
+// runAndScrapeKVPick runs cfg's workload through a picker the replay starts in front of
+// cfg.Engines engines on the virtual clock, and returns the run's summary, the picker's metrics
+// at the end and the engines.
+func runAndScrapeKVPick(t *testing.T, cfg RunConfig) (*Summary, *promtext.Metrics, *Endpoints) {
+	t.Helper()
 	ctx := context.Background()
-	w := generate(t, "shared-prefix", Spec{Seed: 1, Engines: 3, Requests: 300})
-	p, eps, _ := startKVPick(t, 3, ClockVirtual, 0)
-	res, err := Run(ctx, RunConfig{Workload: w, Policy: KVPick, Engines: 3, Clock: ClockVirtual, Picker: p, Endpoints: eps})
+	p, eps, _ := startKVPick(t, cfg.Engines, ClockVirtual, 0)
+	cfg.Policy, cfg.Clock, cfg.Picker, cfg.Endpoints = KVPick, ClockVirtual, p, eps
+	res, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := Summarize(res)
 	m, err := ScrapeMetrics(ctx, p.MetricsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return Summarize(res), m, eps
+}
+
+// TestServerHitSharesReachThePicker: the engines' prefix-cache counters, scraped over HTTP as
+// vLLM serves them, reach the prefix plugin, which exports per endpoint the share of looked-up
+// tokens the server found beside the share its picks were predicted to find.
+func TestServerHitSharesReachThePicker(t *testing.T) {
+	w := generate(t, "shared-prefix", Spec{Seed: 1, Engines: 3, Requests: 300})
+	s, m, eps := runAndScrapeKVPick(t, RunConfig{Workload: w, Engines: 3})
 	const server, predicted = "kvpick_prefix_endpoint_server_hit_share", "kvpick_prefix_endpoint_predicted_hit_share"
 	if !m.Has(server) || !m.Has(predicted) {
 		t.Fatalf("no hit shares exported (server %v, predicted %v)", m.Has(server), m.Has(predicted))
