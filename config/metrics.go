@@ -78,7 +78,7 @@ func (m *ModelServerMetrics) validate() error {
 	if m.Engine == "custom" {
 		n := m.Names
 		if n.Waiting == "" && n.Running == "" && n.KVUsage == "" && n.CacheConfigInfo == "" && n.CapacityTokens == "" && n.LoRAInfo == "" {
-			return fmt.Errorf("pool.metrics.names: engine custom needs at least one metric name (waiting, running, kvUsage, cacheConfigInfo, capacityTokens, loraInfo, firstTokens, prefixQueries, prefixHits)")
+			return fmt.Errorf("pool.metrics.names: engine custom needs at least one metric name of waiting, running, kvUsage, cacheConfigInfo, capacityTokens, loraInfo (firstTokens and the prefix-cache counters alone are not enough)")
 		}
 		for field, name := range map[string]string{"waiting": n.Waiting, "running": n.Running, "kvUsage": n.KVUsage,
 			"cacheConfigInfo": n.CacheConfigInfo, "capacityTokens": n.CapacityTokens, "loraInfo": n.LoRAInfo,
