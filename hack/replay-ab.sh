@@ -38,17 +38,19 @@ for a in "$@"; do
 done
 args=(--quiet --clock virtual "$@")
 [ -n "$policies" ] && args+=(--policies "$policies")
+ns=false
+if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then ns=true; fi
 
 lane() { # lane NAME PICKER
 	local cmd
 	cmd=$(printf '%q ' "$replay" "${args[@]}" --picker-bin "$2" --json "$out/$1.json")
-	if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
+	if $ns; then
 		unshare -n sh -c "ip link set lo up && $cmd" >"$out/$1.txt" 2>"$out/$1.err"
 	else
 		sh -c "$cmd" >"$out/$1.txt" 2>"$out/$1.err"
 	fi
 }
-if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
+if $ns; then
 	lane old "$old" & a=$!
 	lane new "$new" & b=$!
 	wait $a || { echo "replay-ab: the old lane failed: $out/old.err" >&2; exit 1; }
