@@ -29,8 +29,8 @@ const maxKeptLines = 64 << 10
 const (
 	maxCount  = 1e9     // requests waiting or running on one server
 	maxTokens = 1 << 40 // KV cache tokens on one server
-	// A counter (first tokens, prefix-cache tokens looked up) over the server's life: 2^53 is
-	// where a float64 stops counting by one, decades of tokens at any rate a server reaches.
+	// Prefix-cache tokens looked up over a server's life: 2^40 (1.1e12) is ~8 months at 50,000
+	// tokens/s; 2^53 is where a float64 stops counting by one, decades at any rate.
 	maxCounter = 1 << 53
 )
 
@@ -501,8 +501,11 @@ func valueOnly(kind field) bool {
 func aggregate(kind field, n int, sample func(i int) (float64, bool)) value {
 	v := value{found: true}
 	limit := float64(maxCount)
-	if kind == fieldCapacityTokens || kind == fieldFirstTokens || kind == fieldPrefixQueries || kind == fieldPrefixHits {
-		limit = maxCounter // counters grow for the server's whole life
+	switch kind {
+	case fieldCapacityTokens, fieldFirstTokens:
+		limit = maxTokens // a counter of first tokens grows for the server's whole life
+	case fieldPrefixQueries, fieldPrefixHits:
+		limit = maxCounter
 	}
 	for i := range n {
 		x, ok := sample(i)
