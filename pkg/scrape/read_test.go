@@ -454,6 +454,7 @@ func TestReadPrefixCacheCounters(t *testing.T) {
 		queries, hits uint64
 	}{
 		{"current names, two engines summed", queue + counter("vllm:prefix_cache_queries", 1000, 500) + counter("vllm:prefix_cache_hits", 400, 100), true, 1500, 500},
+		{"past 2^40 tokens (months of a busy server)", queue + counter("vllm:prefix_cache_queries", 1.5e12, 5e11) + counter("vllm:prefix_cache_hits", 1e12, 0), true, 2e12, 1e12},
 		{"names before the rename", queue + counter("vllm:gpu_prefix_cache_queries", 10, 20) + counter("vllm:gpu_prefix_cache_hits", 5, 5), true, 30, 10},
 		{"queries without hits: neither", queue + counter("vllm:prefix_cache_queries", 1000, 500), false, 0, 0},
 		{"more hits than queries: neither", queue + counter("vllm:prefix_cache_queries", 10, 10) + counter("vllm:prefix_cache_hits", 40, 10), false, 0, 0},
