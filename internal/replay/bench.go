@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -62,6 +63,10 @@ type Options struct {
 	// decision with each candidate's scores, its request_id "replay-N" the N of the run's
 	// RequestRecord.
 	PickerLogDir, PickerLogLevel string
+	// PickerReplicas is how many active pickers route the kvpick policy (0 or 1: one). Each
+	// is started with the same configuration; the requests' streams go to them in turn, and
+	// every one scrapes every engine (docs/replay.md, "Picker replicas").
+	PickerReplicas int
 
 	// Progress receives the progress display (stderr); nil for none.
 	Progress io.Writer
@@ -251,6 +256,7 @@ type ReportParams struct {
 	Trace           string   `json:"trace,omitempty"`
 	PickerConfig    string   `json:"pickerConfigFile,omitempty"`
 	PickerAddr      string   `json:"pickerAddr,omitempty"`
+	PickerReplicas  int      `json:"pickerReplicas,omitempty"`
 }
 
 // WorkloadInfo describes a generated workload in the report.
@@ -328,6 +334,12 @@ func (o *Options) defaults() error {
 	if o.ErrorRate < 0 || o.ErrorRate > 1 {
 		return fmt.Errorf("error rate %v outside [0, 1]", o.ErrorRate)
 	}
+	if o.PickerReplicas < 0 || o.PickerReplicas > 16 {
+		return fmt.Errorf("picker replicas %d outside [1, 16]", o.PickerReplicas)
+	}
+	if o.PickerReplicas > 1 && o.PickerAddr != "" {
+		return errors.New("picker replicas are started by the replay: not with a picker address")
+	}
 	for _, name := range o.Workloads {
 		if _, _, err := DefaultSize(name, o.Engines); err != nil {
 			return err
@@ -373,6 +385,11 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 	wantsPicker := false
 	for _, sc := range o.Scenarios {
 		wantsPicker = wantsPicker || slices.Contains(o.policies(sc), KVPick)
+	}
+	if o.PickerReplicas > 1 && wantsPicker {
+		rep.Params.PickerReplicas = o.PickerReplicas
+		rep.Notes = append(rep.Notes, fmt.Sprintf("kvpick ran as %d active picker replicas, the requests' streams spread over them in turn; "+
+			"its decision and memory figures are the replicas' together (memory: the largest)", o.PickerReplicas))
 	}
 	if o.PickerAddr != "" && wantsPicker {
 		rep.Notes = append(rep.Notes, "kvpick ran against a picker at "+o.PickerAddr+
@@ -585,13 +602,25 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 		TimeScale: o.TimeScale, Timing: sc.Timing, OmitCachedTokens: sc.OmitCachedTokens, OmitCacheConfig: sc.OmitCacheConfig,
 		MetricsInterval: o.MetricsInterval,
 		MetricsFlavor:   o.MetricsFlavor, Seed: seed}
-	var before *promtext.Metrics
+	var before []*promtext.Metrics
+	// Every picker is stopped when the run ends, then the engines' endpoints closed; a failed
+	// exit fails the run.
+	var started []*Picker
+	defer func() {
+		for _, p := range started {
+			if serr := p.Stop(); serr != nil && err == nil {
+				s, err = nil, fmt.Errorf("picker: %w", serr)
+			}
+		}
+		if rc.Endpoints != nil {
+			rc.Endpoints.Close()
+		}
+	}()
 	if pol == KVPick {
 		eps, err := ListenEndpoints(o.Engines, DefaultEndpointBase, o.PickerAddr != "")
 		if err != nil {
 			return nil, err
 		}
-		defer eps.Close()
 		rc.Endpoints = eps
 		var p *Picker
 		if o.PickerAddr != "" {
@@ -614,30 +643,38 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 			} else {
 				rc.ScrapeOff = true
 			}
-			// A fresh picker per run: its index must not remember the previous one.
-			var run PickerRun
-			if o.PickerLogDir != "" {
-				run.LogFile = filepath.Join(o.PickerLogDir, fmt.Sprintf("%s-%s-seed%d.log", sc.Name, w.Name, seed))
-			}
-			run.LogLevel = o.PickerLogLevel
-			p, err = StartPicker(ctx, bin, setup.Config, tmp, run)
-			if err != nil {
-				return nil, err
+			// Fresh pickers per run: an index must not remember the previous run.
+			for k := range max(1, o.PickerReplicas) {
+				var run PickerRun
+				if o.PickerLogDir != "" {
+					suffix := ""
+					if k > 0 {
+						suffix = fmt.Sprintf("-replica%d", k)
+					}
+					run.LogFile = filepath.Join(o.PickerLogDir, fmt.Sprintf("%s-%s-seed%d%s.log", sc.Name, w.Name, seed, suffix))
+				}
+				run.LogLevel = o.PickerLogLevel
+				r, err := StartPicker(ctx, bin, setup.Config, tmp, run)
+				if err != nil {
+					return nil, err
+				}
+				started = append(started, r)
+				if k == 0 {
+					p = r
+				} else {
+					rc.Replicas = append(rc.Replicas, r)
+				}
 			}
 		}
 		if err != nil {
 			return nil, err
 		}
-		defer func() {
-			if serr := p.Stop(); serr != nil && err == nil {
-				s, err = nil, fmt.Errorf("picker: %w", serr)
-			}
-		}()
+		if o.PickerAddr != "" {
+			started = append(started, p)
+		}
 		rc.Picker = p
-		if p.MetricsAddr != "" {
-			if before, err = ScrapeMetrics(ctx, p.MetricsAddr); err != nil {
-				return nil, fmt.Errorf("picker metrics: %w", err)
-			}
+		if before, err = scrapePickers(ctx, rc); err != nil {
+			return nil, err
 		}
 	}
 	label := fmt.Sprintf("%s/%s/%d/%s", sc.Name, w.Name, seed, pol)
@@ -665,14 +702,31 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 	if rc.Endpoints != nil {
 		s.Endpoint = rc.Endpoints.Addrs()[0]
 	}
-	if rc.Picker != nil && rc.Picker.MetricsAddr != "" {
-		after, err := ScrapeMetrics(ctx, rc.Picker.MetricsAddr)
+	if before != nil {
+		after, err := scrapePickers(ctx, rc)
 		if err != nil {
-			return nil, fmt.Errorf("picker metrics: %w", err)
+			return nil, err
 		}
 		addPickerMetrics(s, before, after)
 	}
 	return s, nil
+}
+
+// scrapePickers scrapes every picker of a run: one page per replica (nil: the picker's
+// metrics address is unknown).
+func scrapePickers(ctx context.Context, rc RunConfig) ([]*promtext.Metrics, error) {
+	if rc.Picker == nil || rc.Picker.MetricsAddr == "" {
+		return nil, nil
+	}
+	var pages []*promtext.Metrics
+	for _, p := range append([]*Picker{rc.Picker}, rc.Replicas...) {
+		m, err := ScrapeMetrics(ctx, p.MetricsAddr)
+		if err != nil {
+			return nil, fmt.Errorf("picker metrics: %w", err)
+		}
+		pages = append(pages, m)
+	}
+	return pages, nil
 }
 
 func meanBlocks(blocks []int, ecfg engine.Config) float64 {
@@ -687,27 +741,43 @@ func meanBlocks(blocks []int, ecfg engine.Config) float64 {
 }
 
 // addPickerMetrics fills the picker's numbers from two scrapes of its /metrics, before and
-// after the run.
-func addPickerMetrics(s *Summary, before, after *promtext.Metrics) {
+// after the run, one page per replica: decisions and predicted hits of all replicas together,
+// the largest replica's memory.
+func addPickerMetrics(s *Summary, before, after []*promtext.Metrics) {
 	const dec = "kvpick_decision_duration_seconds"
-	bs := promtext.SubBuckets(after.Histogram(dec), before.Histogram(dec))
+	var bs []promtext.Bucket
+	delta := func(name string) (d float64, ok bool) {
+		for k := range after {
+			v1, ok1 := value(after[k], name)
+			v0, _ := value(before[k], name)
+			d, ok = d+v1-v0, ok || ok1
+		}
+		return d, ok
+	}
+	for k := range after {
+		d := promtext.SubBuckets(after[k].Histogram(dec), before[k].Histogram(dec))
+		if bs == nil {
+			bs = d
+			continue
+		}
+		for i := range min(len(bs), len(d)) {
+			bs[i].Count += d[i].Count
+		}
+	}
 	s.Decision = Quantiles{P50: Num(promtext.BucketQuantile(0.5, bs)), P90: Num(promtext.BucketQuantile(0.9, bs)), P99: Num(promtext.BucketQuantile(0.99, bs)),
 		Mean: Num(math.NaN())}
-	sum1, _ := value(after, dec+"_sum")
-	sum0, _ := value(before, dec+"_sum")
-	n1, _ := value(after, dec+"_count")
-	n0, _ := value(before, dec+"_count")
-	if n1 > n0 {
-		s.Decision.Mean = Num((sum1 - sum0) / (n1 - n0))
+	sum, _ := delta(dec + "_sum")
+	if n, _ := delta(dec + "_count"); n > 0 {
+		s.Decision.Mean = Num(sum / n)
 	}
-	if v, ok := value(after, "process_resident_memory_bytes"); ok {
-		s.PickerRSSBytes = Num(v)
+	for _, m := range after {
+		if v, ok := value(m, "process_resident_memory_bytes"); ok && (math.IsNaN(float64(s.PickerRSSBytes)) || v > float64(s.PickerRSSBytes)) {
+			s.PickerRSSBytes = Num(v)
+		}
 	}
-	h1, ok1 := value(after, "kvpick_prefix_predicted_hit_blocks_total")
-	t1, ok2 := value(after, "kvpick_prefix_request_blocks_total")
-	h0, _ := value(before, "kvpick_prefix_predicted_hit_blocks_total")
-	t0, _ := value(before, "kvpick_prefix_request_blocks_total")
-	if ok1 && ok2 && t1 > t0 {
-		s.PredictedHitRatio = Num((h1 - h0) / (t1 - t0))
+	h, ok1 := delta("kvpick_prefix_predicted_hit_blocks_total")
+	t, ok2 := delta("kvpick_prefix_request_blocks_total")
+	if ok1 && ok2 && t > 0 {
+		s.PredictedHitRatio = Num(h / t)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvpick/kvpick/internal/dataplane"
@@ -58,8 +59,12 @@ type RunConfig struct {
 	MetricsInterval time.Duration
 	ScrapeOff       bool
 	// Picker routes the kvpick policy; Endpoints are the engines' addresses it routes to (their
-	// /metrics is what it scrapes).
+	// /metrics is what it scrapes). Replicas are further active pickers over the same engines:
+	// the requests' streams then go to Picker, Replicas[0], ... in turn, as a proxy's
+	// round-robin spreads them over the ext_proc cluster's hosts, and each replica sees its
+	// share of the requests and every engine's metrics.
 	Picker    *Picker
+	Replicas  []*Picker
 	Endpoints *Endpoints
 	// ScrapeFirstWait and ScrapeWait bound, in wall time, how long a virtual-clock metrics tick
 	// waits for the picker to apply the new pages: at the first tick (a picker that never
@@ -164,6 +169,8 @@ type driver struct {
 	deps  [][]int
 	board *metricsBoard
 	sync  *scrapeSync
+	// routed counts the streams opened, to spread them over the picker replicas.
+	routed atomic.Uint64
 
 	mu      sync.Mutex
 	recs    []Record
@@ -279,7 +286,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 			d.dests[a] = i
 		}
 		if vclk != nil && !cfg.ScrapeOff {
-			cfg.Endpoints.serveSnapshots()
+			cfg.Endpoints.serveSnapshots(1 + len(cfg.Replicas))
 			d.sync = &scrapeSync{eps: cfg.Endpoints, first: cfg.ScrapeFirstWait, each: cfg.ScrapeWait}
 			if d.sync.first <= 0 {
 				d.sync.first = 3 * time.Second
@@ -461,7 +468,15 @@ func (d *driver) arrive(r *Request) {
 func (f *flight) route() (int, bool) {
 	d, r := f.d, f.r
 	t0 := time.Now()
-	x, err := d.cfg.Picker.Client.Open(d.ctx, dataplane.FullDuplex())
+	p := d.cfg.Picker
+	if n := len(d.cfg.Replicas); n > 0 {
+		// In arrival order, as a proxy's round-robin: a conversation's turns land on
+		// replicas independently of each other.
+		if k := (d.routed.Add(1) - 1) % uint64(n+1); k > 0 {
+			p = d.cfg.Replicas[k-1]
+		}
+	}
+	x, err := p.Client.Open(d.ctx, dataplane.FullDuplex())
 	if err != nil {
 		f.rec.Err = "open: " + err.Error()
 		d.finish(f)

@@ -180,26 +180,28 @@ func (s *Endpoints) serveLive(engs []*engine.Engine, opts servermetrics.Options)
 	}
 }
 
-// serveSnapshots makes the endpoints serve what publish gives them (virtual clock).
-func (s *Endpoints) serveSnapshots() {
+// serveSnapshots makes the endpoints serve what publish gives them (virtual clock), to readers
+// picker replicas, each scraping every endpoint.
+func (s *Endpoints) serveSnapshots(readers int) {
 	for _, ep := range s.eps {
 		ep.mu.Lock()
 		ep.reset()
+		ep.readers = readers
 		ep.mu.Unlock()
 	}
 }
 
 // detach leaves every endpoint answering 503 until the next run.
-func (s *Endpoints) detach() { s.serveSnapshots() }
+func (s *Endpoints) detach() { s.serveSnapshots(1) }
 
 // publish makes page the snapshot endpoint i serves. When it differs from the one served so
-// far, it returns a channel closed once the picker has applied it: the page was fetched, then
-// the endpoint was fetched once more (the picker scrapes each endpoint sequentially, so the
-// second request means it is done with the first answer). That second request is parked until
-// the next page is published, then answered 503, which the picker counts as a failed scrape
-// and publishes nothing from: the picker marks which of its picks a page reflects by the time
-// it sent the request, so a page of the last tick served again later in simulated time would
-// pass for newer than it is.
+// far, it returns a channel closed once every picker replica has applied it: each fetched the
+// page, then fetched the endpoint once more on the same connection (a picker scrapes each
+// endpoint sequentially on one keep-alive connection, so its second request means it is done
+// with the first answer). That second request is parked until the next page is published,
+// then answered 503, which the picker counts as a failed scrape and publishes nothing from:
+// the picker marks which of its picks a page reflects by the time it sent the request, so a
+// page of the last tick served again later in simulated time would pass for newer than it is.
 func (s *Endpoints) publish(i int, page []byte) <-chan struct{} {
 	ep := s.eps[i]
 	ep.mu.Lock()
@@ -207,7 +209,8 @@ func (s *Endpoints) publish(i int, page []byte) <-chan struct{} {
 	if ep.snap != nil && bytes.Equal(ep.snap, page) {
 		return nil
 	}
-	ep.snap, ep.fetches = page, 0
+	ep.snap, ep.done = page, 0
+	clear(ep.fetched)
 	ep.release()
 	ep.waiter = make(chan struct{})
 	return ep.waiter
@@ -218,16 +221,19 @@ type endpoint struct {
 	mu      sync.Mutex
 	eng     *engine.Engine // live mode
 	opts    servermetrics.Options
-	snap    []byte        // snapshot mode: the page served
-	fetches int           // GETs that came for the current snapshot
-	waiter  chan struct{} // closed at the second fetch of the current snapshot
-	next    chan struct{} // closed when the snapshot changes: parked GETs answer 503
+	snap    []byte         // snapshot mode: the page served
+	fetched map[string]int // GETs that came for the current snapshot, per connection
+	done    int            // connections that fetched the current snapshot twice
+	readers int            // picker replicas: the waiter closes when this many are done
+	waiter  chan struct{}  // closed once readers connections fetched the current snapshot twice
+	next    chan struct{}  // closed when the snapshot changes: parked GETs answer 503
 	total   uint64
 }
 
 // reset forgets the engine and the snapshot, releasing parked requests. Called with mu held.
 func (ep *endpoint) reset() {
-	ep.eng, ep.snap, ep.waiter, ep.fetches = nil, nil, nil, 0
+	ep.eng, ep.snap, ep.waiter, ep.done = nil, nil, nil, 0
+	clear(ep.fetched)
 	ep.release()
 }
 
@@ -244,9 +250,18 @@ func (ep *endpoint) metrics(w http.ResponseWriter, r *http.Request) {
 	eng, opts, page := ep.eng, ep.opts, ep.snap
 	var park chan struct{}
 	if page != nil {
-		ep.fetches++
-		if ep.fetches >= 2 {
-			if ep.waiter != nil {
+		// Counted per connection (a picker's scraper keeps one per endpoint, also across a
+		// 503): with several picker replicas, one replica's second fetch says nothing about
+		// the others.
+		if ep.fetched == nil {
+			ep.fetched = map[string]int{}
+		}
+		ep.fetched[r.RemoteAddr]++
+		if n := ep.fetched[r.RemoteAddr]; n >= 2 {
+			if n == 2 {
+				ep.done++
+			}
+			if ep.waiter != nil && ep.done >= max(1, ep.readers) {
 				close(ep.waiter)
 				ep.waiter = nil
 			}

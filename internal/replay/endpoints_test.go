@@ -111,7 +111,9 @@ type sequentialScraper struct {
 
 func startScraper(url string, pause time.Duration) *sequentialScraper {
 	s := &sequentialScraper{stop: make(chan struct{}), done: make(chan struct{}), pause: pause}
-	client := &http.Client{Timeout: 30 * time.Second}
+	// Its own transport: one connection of its own per endpoint, as a picker's scraper keeps
+	// (the default transport's pool would hand connections between scrapers).
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{}}
 	go func() {
 		defer close(s.done)
 		for {
@@ -162,7 +164,7 @@ func TestVirtualTickWaitsUntilThePickerAppliedThePage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eps.Close()
-	eps.serveSnapshots()
+	eps.serveSnapshots(1)
 	sc := startScraper("http://"+eps.Addrs()[0]+"/metrics", time.Millisecond)
 	defer func() { close(sc.stop); eps.detach(); <-sc.done }()
 	ss := &scrapeSync{eps: eps, first: time.Minute, each: time.Minute}
@@ -196,6 +198,55 @@ func TestVirtualTickWaitsUntilThePickerAppliedThePage(t *testing.T) {
 	}
 }
 
+// TestVirtualTickWaitsForEveryPickerReplica: with two picker replicas scraping, one replica's
+// second fetch does not end the tick (it times out while the other does not scrape); once both
+// scrape, a tick ends when each has fetched the page and asked again, each having read it once.
+func TestVirtualTickWaitsForEveryPickerReplica(t *testing.T) {
+	eps, err := ListenEndpointsWait(1, testBase(), false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eps.Close()
+	eps.serveSnapshots(2)
+	url := "http://" + eps.Addrs()[0] + "/metrics"
+	a := startScraper(url, time.Millisecond)
+	var b *sequentialScraper
+	defer func() {
+		close(a.stop)
+		if b != nil {
+			close(b.stop)
+		}
+		eps.detach()
+		<-a.done
+		if b != nil {
+			<-b.done
+		}
+	}()
+	ss := &scrapeSync{eps: eps, first: 300 * time.Millisecond, each: time.Minute}
+	ctx := context.Background()
+	if err := ss.tick(ctx, [][]byte{[]byte("page-1\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if ss.timeouts != 1 || ss.waited != 0 {
+		t.Fatalf("one replica of two scraping: timeouts %d, waited %d; want the tick to time out", ss.timeouts, ss.waited)
+	}
+	if n := strings.Count(strings.Join(a.pages(), ","), "page-1"); n != 1 {
+		t.Fatalf("replica a read page-1 %d times: %q", n, a.pages())
+	}
+	b = startScraper(url, time.Millisecond)
+	if err := ss.tick(ctx, [][]byte{[]byte("page-2\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if ss.timeouts != 1 || ss.waited != 1 {
+		t.Fatalf("both replicas scraping: timeouts %d, waited %d; want the tick to end without a timeout", ss.timeouts, ss.waited)
+	}
+	for name, sc := range map[string]*sequentialScraper{"a": a, "b": b} {
+		if n := strings.Count(strings.Join(sc.pages(), ","), "page-2"); n != 1 {
+			t.Fatalf("replica %s read page-2 %d times: %q", name, n, sc.pages())
+		}
+	}
+}
+
 // TestVirtualTickGoesOnWithoutAScrapingPicker: a picker that never fetches does not scrape;
 // the first tick notes it and the run goes on without waiting.
 func TestVirtualTickGoesOnWithoutAScrapingPicker(t *testing.T) {
@@ -204,7 +255,7 @@ func TestVirtualTickGoesOnWithoutAScrapingPicker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eps.Close()
-	eps.serveSnapshots()
+	eps.serveSnapshots(1)
 	ss := &scrapeSync{eps: eps, first: 50 * time.Millisecond, each: time.Minute}
 	for i := range 3 {
 		if err := ss.tick(context.Background(), [][]byte{[]byte("a" + string(rune('0'+i))), []byte("b")}); err != nil {

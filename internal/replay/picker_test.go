@@ -602,3 +602,60 @@ func TestPickerLogHasEveryDecisionByRecordID(t *testing.T) {
 		t.Fatalf("%d routed lines, %d records; want 40 of each", routed, len(engineOf))
 	}
 }
+
+// TestPickerReplicasShareTheRequests: with two active replicas in front of the same engines,
+// the streams alternate between them (each routes and answers half of the requests, all of
+// which complete), every metrics tick waits for both replicas' scrapes without timing out, and
+// the run's picker figures add both replicas' counts.
+func TestPickerReplicasShareTheRequests(t *testing.T) {
+	ctx := context.Background()
+	p, eps, setup := startKVPick(t, 3, ClockVirtual, 0)
+	q, err := StartPicker(ctx, picker(t), setup.Config, t.TempDir(), PickerRun{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := q.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	rc := RunConfig{Workload: generate(t, "shared-prefix", Spec{Seed: 3, Engines: 3, Requests: 101}), Policy: KVPick,
+		Engines: 3, Clock: ClockVirtual, Picker: p, Replicas: []*Picker{q}, Endpoints: eps}
+	before, err := scrapePickers(ctx, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(ctx, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res.Records {
+		if !r.OK() {
+			t.Fatalf("request %d: status %d, err %q", i, r.Status, r.Err)
+		}
+	}
+	if res.Scrape == nil || res.Scrape.Waited == 0 || res.Scrape.Timeouts != 0 {
+		t.Fatalf("scrape handshake with two replicas: %+v", res.Scrape)
+	}
+	after, err := scrapePickers(ctx, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var routed []float64
+	for k := range after {
+		routed = append(routed, after[k].Sum("kvpick_requests_total")-before[k].Sum("kvpick_requests_total"))
+	}
+	if len(routed) != 2 || routed[0] != 51 || routed[1] != 50 {
+		t.Fatalf("requests per replica %v, want [51 50]", routed)
+	}
+	var s Summary
+	addPickerMetrics(&s, before, after)
+	var hits, blocks float64
+	for k := range after {
+		hits += after[k].Sum("kvpick_prefix_predicted_hit_blocks_total") - before[k].Sum("kvpick_prefix_predicted_hit_blocks_total")
+		blocks += after[k].Sum("kvpick_prefix_request_blocks_total") - before[k].Sum("kvpick_prefix_request_blocks_total")
+	}
+	if blocks == 0 || float64(s.PredictedHitRatio) != hits/blocks || math.IsNaN(float64(s.Decision.Mean)) {
+		t.Fatalf("merged figures: predicted hit %v (want %v / %v), decision mean %v", s.PredictedHitRatio, hits, blocks, s.Decision.Mean)
+	}
+}
