@@ -70,7 +70,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	pickerTLS := fs.Bool("picker-tls", false, "with --picker-addr: the picker serves TLS (certificate not verified)")
 	printEndpoints := fs.Bool("print-endpoints", false, "print the --endpoints value of a picker in front of --engines engines and exit")
 	pickerLog := fs.String("picker-log", "", "write each run's picker log into this directory (created), one file per run: SCENARIO-WORKLOAD-seedN.log")
-	pickerReplicas := fs.Int("picker-replicas", 1, "active kvpick pickers, each started with the same configuration: the requests' streams go to them in turn (as a proxy's round-robin over the ext_proc cluster), and each scrapes every engine")
+	replicas := fs.Int("replicas", 1, "active instances of kvpick (pickers started with the same configuration, each scraping every engine), gie and sglang: the requests go to them in turn, as a proxy's round-robin over a router's replicas")
 	pickerLogLevel := fs.String("picker-log-level", "", `the started pickers' --log-level: debug (every decision with each candidate's scores; request_id "replay-N" is --records' id N) or info (the default; the replay reads the picker's info-level "picker serving" line, so nothing quieter)`)
 	jsonOut := fs.String("json", "", "write every number and the run's parameters to this JSON file")
 	recordsOut := fs.String("records", "", "write every request of every run to this file, one JSON line each (engine, TTFT, cached tokens, admission wait, the turn it follows: docs/replay.md)")
@@ -181,7 +181,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	o.PickerLogDir, o.PickerLogLevel = *pickerLog, *pickerLogLevel
-	o.PickerReplicas = *pickerReplicas
+	o.Replicas = *replicas
 	if !*quiet {
 		o.Progress = stderr
 	}

@@ -235,3 +235,54 @@ func TestSGLangRoutingTextIsTheMessageContents(t *testing.T) {
 		t.Fatalf("completion text %q", got)
 	}
 }
+
+// TestReplicatedRoutersEachLearnOnlyTheirOwnRequests: two gie replicas take requests in turn
+// and each remembers only the prompts it routed itself: a prompt the first replica placed is
+// matched again when the first replica routes it, never by the second (which places it by its
+// own tie-break), and one router alone matches it every time. The references (least-loaded)
+// are never replicated.
+func TestReplicatedRoutersEachLearnOnlyTheirOwnRequests(t *testing.T) {
+	system := strings.Repeat("abcdefghij", 200)
+	lone := newBaseline(GIE, make([]*engine.Engine, 8), engine.Config{}, idleBoard(8), 1, 1)
+	if _, ok := lone.(*gie); !ok {
+		t.Fatalf("one replica: %T, want *gie", lone)
+	}
+	if ll := newBaseline(LeastLoaded, nil, engine.Config{}, idleBoard(8), 1, 2); ll == nil {
+		t.Fatal("least-loaded with replicas: nil")
+	} else if _, ok := ll.(*replicated); ok {
+		t.Fatal("least-loaded was replicated")
+	}
+	two := newBaseline(GIE, make([]*engine.Engine, 8), engine.Config{}, idleBoard(8), 1, 2)
+	rp, ok := two.(*replicated)
+	if !ok || len(rp.insts) != 2 {
+		t.Fatalf("two replicas: %T", two)
+	}
+	first := two.pick(chatRequest(t, 0, system, "q0"), Epoch)
+	loneFirst := lone.pick(chatRequest(t, 0, system, "q0"), Epoch)
+	// Requests 2, 4, ... reach the first replica, which matches the prompt; 1, 3, ... the
+	// second, which never saw it: it places request 1 by its own random tie-break among the 8
+	// idle engines (with these seeds, another engine than the first replica's) and keeps the
+	// prompt there.
+	elsewhere := 0
+	for i := 1; i <= 20; i++ {
+		r := chatRequest(t, i, system, fmt.Sprintf("q%d", i))
+		got := two.pick(r, Epoch)
+		two.done(got, r, engine.Result{})
+		if i%2 == 0 && got != first {
+			t.Fatalf("request %d reached the replica that placed the prompt on %d, went to %d", i, first, got)
+		}
+		if i%2 == 1 && got != first {
+			elsewhere++
+		}
+		if l := lone.pick(r, Epoch); l != loneFirst {
+			t.Fatalf("one router: request %d went to %d, the prompt is on %d", i, l, loneFirst)
+		}
+	}
+	if elsewhere != 10 {
+		t.Fatalf("the second replica sent %d of its 10 requests elsewhere than the first replica's engine, want all: "+
+			"the replicas share their index, or its own placement did not stick", elsewhere)
+	}
+	if len(rp.owner) != 1 { // request 0 never finished
+		t.Fatalf("finished requests still tracked: %d", len(rp.owner))
+	}
+}

@@ -63,10 +63,11 @@ type Options struct {
 	// decision with each candidate's scores, its request_id "replay-N" the N of the run's
 	// RequestRecord.
 	PickerLogDir, PickerLogLevel string
-	// PickerReplicas is how many active pickers route the kvpick policy (0 or 1: one). Each
-	// is started with the same configuration; the requests' streams go to them in turn, and
-	// every one scrapes every engine (docs/replay.md, "Picker replicas").
-	PickerReplicas int
+	// Replicas is how many active instances of each router that runs as a service of its own
+	// (0 or 1: one): kvpick's pickers, each started with the same configuration and scraping
+	// every engine, and the gie and sglang baselines; the requests go to them in turn
+	// (docs/replay.md, "Router replicas").
+	Replicas int
 
 	// Progress receives the progress display (stderr); nil for none.
 	Progress io.Writer
@@ -256,7 +257,7 @@ type ReportParams struct {
 	Trace           string   `json:"trace,omitempty"`
 	PickerConfig    string   `json:"pickerConfigFile,omitempty"`
 	PickerAddr      string   `json:"pickerAddr,omitempty"`
-	PickerReplicas  int      `json:"pickerReplicas,omitempty"`
+	Replicas        int      `json:"replicas,omitempty"`
 }
 
 // WorkloadInfo describes a generated workload in the report.
@@ -334,10 +335,10 @@ func (o *Options) defaults() error {
 	if o.ErrorRate < 0 || o.ErrorRate > 1 {
 		return fmt.Errorf("error rate %v outside [0, 1]", o.ErrorRate)
 	}
-	if o.PickerReplicas < 0 || o.PickerReplicas > 16 {
-		return fmt.Errorf("picker replicas %d outside [1, 16]", o.PickerReplicas)
+	if o.Replicas < 0 || o.Replicas > 16 {
+		return fmt.Errorf("replicas %d outside [1, 16]", o.Replicas)
 	}
-	if o.PickerReplicas > 1 && o.PickerAddr != "" {
+	if o.Replicas > 1 && o.PickerAddr != "" {
 		return errors.New("picker replicas are started by the replay: not with a picker address")
 	}
 	for _, name := range o.Workloads {
@@ -386,10 +387,10 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 	for _, sc := range o.Scenarios {
 		wantsPicker = wantsPicker || slices.Contains(o.policies(sc), KVPick)
 	}
-	if o.PickerReplicas > 1 && wantsPicker {
-		rep.Params.PickerReplicas = o.PickerReplicas
-		rep.Notes = append(rep.Notes, fmt.Sprintf("kvpick ran as %d active picker replicas, the requests' streams spread over them in turn; "+
-			"its decision and memory figures are the replicas' together (memory: the largest)", o.PickerReplicas))
+	if o.Replicas > 1 {
+		rep.Params.Replicas = o.Replicas
+		rep.Notes = append(rep.Notes, fmt.Sprintf("kvpick, gie and sglang ran as %d active replicas each, the requests spread over them in turn; "+
+			"kvpick's decision and memory figures are its replicas' together (memory: the largest)", o.Replicas))
 	}
 	if o.PickerAddr != "" && wantsPicker {
 		rep.Notes = append(rep.Notes, "kvpick ran against a picker at "+o.PickerAddr+
@@ -601,7 +602,7 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 	rc := RunConfig{Workload: w, Policy: pol, Engines: o.Engines, Engine: ecfg, KVBlocks: blocks, Clock: o.Clock,
 		TimeScale: o.TimeScale, Timing: sc.Timing, OmitCachedTokens: sc.OmitCachedTokens, OmitCacheConfig: sc.OmitCacheConfig,
 		MetricsInterval: o.MetricsInterval,
-		MetricsFlavor:   o.MetricsFlavor, Seed: seed}
+		MetricsFlavor:   o.MetricsFlavor, Seed: seed, Replicas: o.Replicas}
 	var before []*promtext.Metrics
 	// Every picker is stopped when the run ends, then the engines' endpoints closed; a failed
 	// exit fails the run.
@@ -644,7 +645,7 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 				rc.ScrapeOff = true
 			}
 			// Fresh pickers per run: an index must not remember the previous run.
-			for k := range max(1, o.PickerReplicas) {
+			for k := range max(1, o.Replicas) {
 				var run PickerRun
 				if o.PickerLogDir != "" {
 					suffix := ""
@@ -662,7 +663,7 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 				if k == 0 {
 					p = r
 				} else {
-					rc.Replicas = append(rc.Replicas, r)
+					rc.PickerReplicas = append(rc.PickerReplicas, r)
 				}
 			}
 		}
@@ -719,7 +720,7 @@ func scrapePickers(ctx context.Context, rc RunConfig) ([]*promtext.Metrics, erro
 		return nil, nil
 	}
 	var pages []*promtext.Metrics
-	for _, p := range append([]*Picker{rc.Picker}, rc.Replicas...) {
+	for _, p := range append([]*Picker{rc.Picker}, rc.PickerReplicas...) {
 		m, err := ScrapeMetrics(ctx, p.MetricsAddr)
 		if err != nil {
 			return nil, fmt.Errorf("picker metrics: %w", err)

@@ -59,13 +59,16 @@ type RunConfig struct {
 	MetricsInterval time.Duration
 	ScrapeOff       bool
 	// Picker routes the kvpick policy; Endpoints are the engines' addresses it routes to (their
-	// /metrics is what it scrapes). Replicas are further active pickers over the same engines:
-	// the requests' streams then go to Picker, Replicas[0], ... in turn, as a proxy's
-	// round-robin spreads them over the ext_proc cluster's hosts, and each replica sees its
-	// share of the requests and every engine's metrics.
-	Picker    *Picker
-	Replicas  []*Picker
-	Endpoints *Endpoints
+	// /metrics is what it scrapes). PickerReplicas are further active pickers over the same
+	// engines: the requests' streams then go to Picker, PickerReplicas[0], ... in turn, as a
+	// proxy's round-robin spreads them over the ext_proc cluster's hosts, and each replica
+	// sees its share of the requests and every engine's metrics.
+	Picker         *Picker
+	PickerReplicas []*Picker
+	Endpoints      *Endpoints
+	// Replicas is how many instances of the gie and sglang baselines run side by side, the
+	// requests spread over them in turn (0 or 1: one).
+	Replicas int
 	// ScrapeFirstWait and ScrapeWait bound, in wall time, how long a virtual-clock metrics tick
 	// waits for the picker to apply the new pages: at the first tick (a picker that never
 	// fetches does not scrape) and later (0: 3 s and 10 s).
@@ -286,7 +289,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 			d.dests[a] = i
 		}
 		if vclk != nil && !cfg.ScrapeOff {
-			cfg.Endpoints.serveSnapshots(1 + len(cfg.Replicas))
+			cfg.Endpoints.serveSnapshots(1 + len(cfg.PickerReplicas))
 			d.sync = &scrapeSync{eps: cfg.Endpoints, first: cfg.ScrapeFirstWait, each: cfg.ScrapeWait}
 			if d.sync.first <= 0 {
 				d.sync.first = 3 * time.Second
@@ -298,7 +301,7 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 			cfg.Endpoints.serveLive(d.engs, cfg.pageOptions())
 		}
 		defer cfg.Endpoints.detach()
-	} else if d.pol = newBaseline(cfg.Policy, d.engs, cfg.Engine, d.board, cfg.Seed); d.pol == nil {
+	} else if d.pol = newBaseline(cfg.Policy, d.engs, cfg.Engine, d.board, cfg.Seed, cfg.Replicas); d.pol == nil {
 		return nil, fmt.Errorf("unknown policy %q (have %s)", cfg.Policy, strings.Join(PolicyNames(), ", "))
 	}
 	n := len(wl.Requests)
@@ -469,11 +472,11 @@ func (f *flight) route() (int, bool) {
 	d, r := f.d, f.r
 	t0 := time.Now()
 	p := d.cfg.Picker
-	if n := len(d.cfg.Replicas); n > 0 {
+	if n := len(d.cfg.PickerReplicas); n > 0 {
 		// In arrival order, as a proxy's round-robin: a conversation's turns land on
 		// replicas independently of each other.
 		if k := (d.routed.Add(1) - 1) % uint64(n+1); k > 0 {
-			p = d.cfg.Replicas[k-1]
+			p = d.cfg.PickerReplicas[k-1]
 		}
 	}
 	x, err := p.Client.Open(d.ctx, dataplane.FullDuplex())

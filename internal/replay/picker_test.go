@@ -620,7 +620,7 @@ func TestPickerReplicasShareTheRequests(t *testing.T) {
 		}
 	})
 	rc := RunConfig{Workload: generate(t, "shared-prefix", Spec{Seed: 3, Engines: 3, Requests: 101}), Policy: KVPick,
-		Engines: 3, Clock: ClockVirtual, Picker: p, Replicas: []*Picker{q}, Endpoints: eps}
+		Engines: 3, Clock: ClockVirtual, Picker: p, PickerReplicas: []*Picker{q}, Endpoints: eps}
 	before, err := scrapePickers(ctx, rc)
 	if err != nil {
 		t.Fatal(err)
