@@ -29,6 +29,10 @@ type Config struct {
 	// Shutdown and Kubernetes are the process's settings (config/process.go).
 	Shutdown   Shutdown   `json:"shutdown"`
 	Kubernetes Kubernetes `json:"kubernetes"`
+	// Peers is left out of a written configuration while it lists no addresses (Peers.IsZero),
+	// so that pickers built before it existed (which refuse unknown fields) read what a newer
+	// tool writes; a reader fills it from its own defaults.
+	Peers Peers `json:"peers,omitzero"`
 }
 
 // Pool is the static endpoint pool.

@@ -60,6 +60,9 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{"plugin without name", "plugins:\n- weight: 1\n", "plugins[0]: name is required"},
 		{"plugin twice", "plugins:\n- name: a\n- name: a\n", `plugins[1]: "a" is listed twice`},
 		{"not YAML", "extProc: [\n", "not valid YAML"},
+		{"peer without a port", "peers:\n  addresses: [kvpick-peers]\n", "peers.addresses"},
+		{"peers polled never", "peers:\n  addresses: ['a:1']\n  interval: 0s\n", "peers.interval"},
+		{"peers' log holds nothing", "peers:\n  addresses: ['a:1']\n  logBlocks: 0\n", "peers.logBlocks"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -69,7 +69,8 @@ func TestWrittenConfigLeavesOutEmptyCounterNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"prefixQueries", "prefixHits"} {
+	// Fields added since: a picker built before them refuses a configuration naming them.
+	for _, f := range []string{"prefixQueries", "prefixHits", "peers"} {
 		if strings.Contains(string(b), `"`+f+`"`) {
 			t.Fatalf("the default configuration, written, names %s: %s", f, b)
 		}
@@ -83,5 +84,9 @@ func TestWrittenConfigLeavesOutEmptyCounterNames(t *testing.T) {
 	}
 	if !strings.Contains(string(b), `"prefixHits":"hits_total"`) {
 		t.Fatalf("a set name was left out: %s", b)
+	}
+	c.Peers.Addresses = []string{"kvpick-peers:9090"}
+	if b, err = json.Marshal(c); err != nil || !strings.Contains(string(b), `"peers":{"addresses":["kvpick-peers:9090"],"interval":"20ms"`) {
+		t.Fatalf("peers with addresses left out: %v %s", err, b)
 	}
 }

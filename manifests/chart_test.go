@@ -424,6 +424,45 @@ func TestChartVariants(t *testing.T) {
 				t.Errorf("env %v: the leader identity needs POD_NAME from the downward API", env)
 			}
 		}},
+		{"active-active replicas share their commits through a headless Service", "", []string{"inferenceExtension.replicas=2", "inferenceExtension.highAvailability=active"}, func(t *testing.T, objs []object) {
+			d, c := picker(t, objs)
+			if _, ok := argValue(c.Args, "ha-enable-leader-election"); ok {
+				t.Errorf("args %v: active-active must not elect a leader", c.Args)
+			}
+			if v, _ := argValue(c.Args, "peers"); v != testRelease+"-epp-peers."+testNamespace+".svc:9090" {
+				t.Errorf("--peers %q, want the headless Service on the metrics port", v)
+			}
+			if d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
+				t.Errorf("strategy %q: every replica is Ready, so a rolling update works", d.Spec.Strategy.Type)
+			}
+			var svc corev1.Service
+			typed(t, objs, "Service", testRelease+"-epp-peers", &svc)
+			if svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses ||
+				!reflect.DeepEqual(svc.Spec.Selector, d.Spec.Selector.MatchLabels) ||
+				len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9090 || svc.Spec.Ports[0].TargetPort.StrVal != "metrics" {
+				t.Errorf("peers Service %+v: want headless, every pod, port 9090 → metrics", svc.Spec)
+			}
+			for _, o := range objs {
+				if o.Kind() == "Role" {
+					var role rbacv1.Role
+					typed(t, objs, "Role", "", &role)
+					if slices.Contains(ruleStrings(role.Rules), "coordination.k8s.io/leases:create,get,update") {
+						t.Errorf("Role rules %v: no Lease without leader election", ruleStrings(role.Rules))
+					}
+				}
+			}
+		}},
+		{"one replica has no peers", "", []string{"inferenceExtension.highAvailability=active"}, func(t *testing.T, objs []object) {
+			_, c := picker(t, objs)
+			if _, ok := argValue(c.Args, "peers"); ok {
+				t.Errorf("args %v: one replica has no peers", c.Args)
+			}
+			for _, o := range objs {
+				if o.Kind() == "Service" && strings.HasSuffix(o.Name(), "-peers") {
+					t.Errorf("a peers Service for one replica")
+				}
+			}
+		}},
 		{"ServiceMonitor scrapes the Service's metrics port", "", []string{"inferenceExtension.monitoring.prometheus.enabled=true", "inferenceExtension.monitoring.prometheus.extraLabels.release=prom"}, func(t *testing.T, objs []object) {
 			var sm struct {
 				header

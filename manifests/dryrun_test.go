@@ -222,6 +222,7 @@ func TestManifestsDryRun(t *testing.T) {
 		"istio-plain":    {"provider.name=istio", "inferenceExtension.tls.enabled=false"},
 		"gke":            {"provider.name=gke"},
 		"ha":             {"inferenceExtension.replicas=2"},
+		"active-active":  {"inferenceExtension.replicas=2", "inferenceExtension.highAvailability=active"},
 		"servicemonitor": {"inferenceExtension.monitoring.prometheus.enabled=true"},
 		"v1alpha2":       {"inferencePool.apiVersion=inference.networking.x-k8s.io/v1alpha2"},
 		"httproute":      {"httpRoute.enabled=true", "httpRoute.parentRefs[0].name=kvpick-gateway"},

@@ -57,6 +57,7 @@ func run(args []string) error {
 	enablePprof := fs.Bool("enable-pprof", false, "serve /debug/pprof/ on the metrics address (profiles expose the process's internals: keep that address private)")
 	configFile := fs.String("config-file", "", "YAML configuration file; empty uses the built-in defaults (config/default.yaml)")
 	endpoints := fs.String("endpoints", "", "static pool as ip:port,ip:port (overrides pool.endpoints in the config file)")
+	peerAddrs := fs.String("peers", "", "active-active replicas: the other replicas' metrics addresses as host:port,host:port (a name may resolve to several, e.g. a headless Service); each shares the prompts its servers took (overrides peers.addresses)")
 	secure := fs.Bool("secure-serving", true, "serve ext_proc over TLS (self-signed unless --cert-path is set); false for plaintext")
 	certPath := fs.String("cert-path", "", "directory holding tls.crt and tls.key for --secure-serving")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -120,6 +121,12 @@ func run(args []string) error {
 	}
 	if *endpoints != "" {
 		cfg.Pool.Endpoints = strings.Split(*endpoints, ",")
+	}
+	if *peerAddrs != "" {
+		cfg.Peers.Addresses = strings.Split(*peerAddrs, ",")
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("--peers: %w", err)
+		}
 	}
 	scrapeFlags := false
 	fs.Visit(func(f *flag.Flag) {

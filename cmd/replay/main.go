@@ -70,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	pickerTLS := fs.Bool("picker-tls", false, "with --picker-addr: the picker serves TLS (certificate not verified)")
 	printEndpoints := fs.Bool("print-endpoints", false, "print the --endpoints value of a picker in front of --engines engines and exit")
 	pickerLog := fs.String("picker-log", "", "write each run's picker log into this directory (created), one file per run: SCENARIO-WORKLOAD-seedN.log")
+	shareCommits := fs.Bool("share-commits", false, "with --replicas: kvpick's replicas share their commits (each lists all of them in peers.addresses)")
 	replicas := fs.Int("replicas", 1, "active instances of kvpick (pickers started with the same configuration, each scraping every engine), gie and sglang: the requests go to them in turn, as a proxy's round-robin over a router's replicas")
 	pickerLogLevel := fs.String("picker-log-level", "", `the started pickers' --log-level: debug (every decision with each candidate's scores; request_id "replay-N" is --records' id N) or info (the default; the replay reads the picker's info-level "picker serving" line, so nothing quieter)`)
 	jsonOut := fs.String("json", "", "write every number and the run's parameters to this JSON file")
@@ -181,7 +182,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	o.PickerLogDir, o.PickerLogLevel = *pickerLog, *pickerLogLevel
-	o.Replicas = *replicas
+	o.Replicas, o.ShareCommits = *replicas, *shareCommits
 	if !*quiet {
 		o.Progress = stderr
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -68,6 +69,9 @@ type Options struct {
 	// every engine, and the gie and sglang baselines; the requests go to them in turn
 	// (docs/replay.md, "Router replicas").
 	Replicas int
+	// ShareCommits has kvpick's replicas share their commits (peers.addresses: each lists
+	// them all); only with Replicas above 1.
+	ShareCommits bool
 
 	// Progress receives the progress display (stderr); nil for none.
 	Progress io.Writer
@@ -338,6 +342,9 @@ func (o *Options) defaults() error {
 	if o.Replicas < 0 || o.Replicas > 16 {
 		return fmt.Errorf("replicas %d outside [1, 16]", o.Replicas)
 	}
+	if o.ShareCommits && o.Replicas < 2 {
+		return errors.New("sharing commits needs at least two replicas")
+	}
 	if o.Replicas > 1 && o.PickerAddr != "" {
 		return errors.New("picker replicas are started by the replay: not with a picker address")
 	}
@@ -391,6 +398,9 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 		rep.Params.Replicas = o.Replicas
 		rep.Notes = append(rep.Notes, fmt.Sprintf("kvpick, gie and sglang ran as %d active replicas each, the requests spread over them in turn; "+
 			"kvpick's decision and memory figures are its replicas' together (memory: the largest)", o.Replicas))
+		if o.ShareCommits {
+			rep.Notes = append(rep.Notes, "kvpick's replicas shared their commits (peers.addresses); gie's and sglang's did not")
+		}
 	}
 	if o.PickerAddr != "" && wantsPicker {
 		rep.Notes = append(rep.Notes, "kvpick ran against a picker at "+o.PickerAddr+
@@ -631,8 +641,19 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 			if sc.CapacityFactor > 0 {
 				capacity = int(math.Round(sc.CapacityFactor * meanBlocks(blocks, ecfg)))
 			}
+			n := max(1, o.Replicas)
+			var ports []int
+			var peerAddrs []string
+			if o.ShareCommits {
+				if ports, err = freePorts(n); err != nil {
+					return nil, err
+				}
+				for _, p := range ports {
+					peerAddrs = append(peerAddrs, fmt.Sprintf("127.0.0.1:%d", p))
+				}
+			}
 			setup, err := PickerConfig(PickerOptions{File: o.PickerConfig, Defaults: binDefaults, Endpoints: eps.Addrs(),
-				Clock: o.Clock, TimeScale: o.TimeScale, VirtualRefresh: o.VirtualRefresh, CapacityBlocks: capacity})
+				Clock: o.Clock, TimeScale: o.TimeScale, VirtualRefresh: o.VirtualRefresh, CapacityBlocks: capacity, Peers: peerAddrs})
 			if err != nil {
 				return nil, err
 			}
@@ -645,8 +666,11 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 				rc.ScrapeOff = true
 			}
 			// Fresh pickers per run: an index must not remember the previous run.
-			for k := range max(1, o.Replicas) {
+			for k := range n {
 				var run PickerRun
+				if ports != nil {
+					run.Args = []string{fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[k])}
+				}
 				if o.PickerLogDir != "" {
 					suffix := ""
 					if k > 0 {
@@ -711,6 +735,21 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 		addPickerMetrics(s, before, after)
 	}
 	return s, nil
+}
+
+// freePorts returns n loopback ports free now (for pickers whose addresses must be known
+// before they start).
+func freePorts(n int) ([]int, error) {
+	var out []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+		defer l.Close()
+	}
+	return out, nil
 }
 
 // scrapePickers scrapes every picker of a run: one page per replica (nil: the picker's

@@ -62,6 +62,9 @@ type PickerOptions struct {
 	// CapacityBlocks, when > 0, sets the prefix scorer's lruCapacityPerEndpoint (the
 	// mis-sized-capacity scenarios).
 	CapacityBlocks int
+	// Peers, when set, are every picker replica's metrics address (peers.addresses): the
+	// replicas share their commits, polling at the configured interval in simulated time.
+	Peers []string
 }
 
 // PickerSetup is the configuration a started picker runs with, and what the replay changed in
@@ -144,6 +147,21 @@ func PickerConfig(o PickerOptions) (*PickerSetup, error) {
 		set("pool.metrics.stalenessThreshold", newStale.String(), stale.String(), why)
 		m.RefreshInterval, m.StalenessThreshold = config.Duration(newRefresh), config.Duration(newStale)
 	}
+	if p := &cfg.Peers; len(o.Peers) > 0 {
+		set("peers.addresses", fmt.Sprintf("[%s]", strings.Join(o.Peers, ",")), fmt.Sprintf("%v", p.Addresses),
+			"the picker replicas' metrics addresses: they share their commits")
+		p.Addresses = o.Peers
+		var iv time.Duration
+		var why string
+		if o.Clock == ClockVirtual {
+			iv, why = time.Millisecond, "virtual clock: poll the replicas' commit logs as often as the picker may (they are not paced to simulated time: docs/replay.md, \"Router replicas\")"
+		} else {
+			iv = max(time.Millisecond, time.Duration(float64(p.Interval.D())/o.TimeScale))
+			why = fmt.Sprintf("real clock: simulated time runs %g times faster than the wall clock", o.TimeScale)
+		}
+		set("peers.interval", iv.String(), p.Interval.D().String(), why)
+		p.Interval = config.Duration(iv)
+	}
 	if o.CapacityBlocks > 0 {
 		was := "unset"
 		if v, ok := pluginParam(cfg, prefixScorer, capacityKey); ok {
@@ -202,6 +220,8 @@ type Picker struct {
 // when set (its --log-level; the default is info). The zero PickerRun keeps only the log's tail.
 type PickerRun struct {
 	LogFile, LogLevel string
+	// Args are further flags (after the ones the replay sets).
+	Args []string
 }
 
 // StartPicker runs the picker binary on free loopback ports with cfg, logging as run says, and
@@ -215,6 +235,7 @@ func StartPicker(ctx context.Context, bin string, cfg *config.Config, dir string
 	if run.LogLevel != "" {
 		args = append(args, "--log-level="+run.LogLevel)
 	}
+	args = append(args, run.Args...)
 	proc, err := pickerproc.Start(ctx, pickerproc.Options{Bin: bin, Config: b, Dir: dir, Args: args, LogFile: run.LogFile})
 	if err != nil {
 		return nil, err

@@ -659,3 +659,68 @@ func TestPickerReplicasShareTheRequests(t *testing.T) {
 		t.Fatalf("merged figures: predicted hit %v (want %v / %v), decision mean %v", s.PredictedHitRatio, hits, blocks, s.Decision.Mean)
 	}
 }
+
+// TestPickerReplicasShareTheirCommits: two replicas listing both their metrics addresses as
+// peers each take every commit of the other (one per request the other routed, all served),
+// and none of their own back.
+func TestPickerReplicasShareTheirCommits(t *testing.T) {
+	ctx := context.Background()
+	bin := picker(t)
+	eps, err := ListenEndpointsWait(3, testBase(), true, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eps.Close() })
+	ports, err := freePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	setup, err := PickerConfig(PickerOptions{Endpoints: eps.Addrs(), Clock: ClockVirtual, Peers: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps []*Picker
+	for k := range 2 {
+		p, err := StartPicker(ctx, bin, setup.Config, t.TempDir(), PickerRun{Args: []string{"--metrics-bind-address=" + addrs[k]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := p.Stop(); err != nil {
+				t.Error(err)
+			}
+		})
+		ps = append(ps, p)
+	}
+	res, err := Run(ctx, RunConfig{Workload: generate(t, "shared-prefix", Spec{Seed: 4, Engines: 3, Requests: 101}), Policy: KVPick,
+		Engines: 3, Clock: ClockVirtual, Picker: ps[0], PickerReplicas: ps[1:], Endpoints: eps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res.Records {
+		if !r.OK() {
+			t.Fatalf("request %d: status %d, err %q", i, r.Status, r.Err)
+		}
+	}
+	// Replica 0 routed requests 0, 2, ..., 100 (51), replica 1 the other 50.
+	want := []float64{50, 51}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var got []float64
+		for _, p := range ps {
+			m, err := ScrapeMetrics(ctx, p.MetricsAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, m.Sum("kvpick_peer_commits_applied_total"))
+		}
+		if slices.Equal(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("peer commits applied per replica %v, want %v", got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -104,6 +104,8 @@ type Plugin struct {
 	// ret holds the picks' predictions against the servers' prefix-cache counters
 	// (retention.go).
 	ret *retention
+	// peers links the index to the other active replicas (peers.go).
+	peers peerLink
 }
 
 var (
@@ -401,6 +403,7 @@ func (pl *Plugin) resolve(st *state, served *router.Endpoint, ok bool) {
 		return
 	}
 	pl.index.InsertIf(served.Slot, st.hashes, func() bool { return !served.Removed() })
+	pl.published(served, st.hashes)
 }
 
 // Usage implements router.UsageObserver (calibrate.go, evidence.go).
@@ -444,6 +447,7 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 // EndpointsChanged frees everything the index holds for removed endpoints and re-plans the
 // capacities (the pool-wide bound is shared by the endpoints there are).
 func (pl *Plugin) EndpointsChanged(added, removed []*router.Endpoint) {
+	pl.peers.endpointsChanged(added, removed)
 	for _, e := range removed {
 		pl.index.RemoveEndpoint(e.Slot)
 		pl.owned.forget(e)

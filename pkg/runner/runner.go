@@ -30,6 +30,7 @@ import (
 	"github.com/kvpick/kvpick/pkg/extproc"
 	"github.com/kvpick/kvpick/pkg/healthcheck"
 	"github.com/kvpick/kvpick/pkg/plugins"
+	"github.com/kvpick/kvpick/pkg/peers"
 	"github.com/kvpick/kvpick/pkg/pool"
 	"github.com/kvpick/kvpick/pkg/prefix"
 	"github.com/kvpick/kvpick/pkg/router"
@@ -68,6 +69,10 @@ type Picker struct {
 	Registry *prometheus.Registry
 	// Scraper reads every endpoint's model-server metrics (pool.metrics); Run starts it.
 	Scraper *scrape.Scraper
+	// PeerLog and Peers share the prefix index's commits with the other active replicas
+	// (config peers); nil when no peers are configured. Run serves the log and starts Peers.
+	PeerLog *peers.Log
+	Peers   *peers.Poller
 }
 
 // Build assembles the pool, the plugins, the pipeline and the ext_proc server from cfg, and
@@ -125,7 +130,36 @@ func build(cfg *config.Config, log *zap.Logger) (*Picker, []string, error) {
 		return nil, nil, err
 	}
 	reg.MustRegister(pool.NewCollector(p), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg, Scraper: sc}, addrs, nil
+	pk := &Picker{Pool: p, Pipeline: pipe, Server: srv, Registry: reg, Scraper: sc}
+	if err := pk.linkPeers(cfg.Peers, built.Plugins, reg, log); err != nil {
+		return nil, nil, err
+	}
+	return pk, addrs, nil
+}
+
+// linkPeers has the prefix index share its commits with the configured peers (pkg/peers).
+func (pk *Picker) linkPeers(c config.Peers, plugs []router.Plugin, reg prometheus.Registerer, log *zap.Logger) error {
+	if len(c.Addresses) == 0 {
+		return nil
+	}
+	var idx *prefix.Plugin
+	for _, pl := range plugs {
+		if p, ok := pl.(*prefix.Plugin); ok {
+			idx = p
+		}
+	}
+	if idx == nil {
+		return fmt.Errorf("peers: the plugins have no %s whose index to share", prefix.Name)
+	}
+	pk.PeerLog = peers.NewLog(c.LogBlocks)
+	poller, err := peers.NewPoller(peers.Options{Peers: c.Addresses, Interval: c.Interval.D(), Timeout: c.Timeout.D(),
+		ResolveInterval: c.ResolveInterval.D(), Log: pk.PeerLog, Sink: idx, Logger: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	pk.Peers = poller
+	idx.PublishCommits(pk.PeerLog)
+	return nil
 }
 
 // ServerOptions are the ext_proc gRPC server's options for cfg: the receive limit raised to the
@@ -183,6 +217,9 @@ func Run(ctx context.Context, o Options) error {
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(pk.Registry, promhttp.HandlerOpts{Registry: pk.Registry}))
+	if pk.PeerLog != nil {
+		mux.Handle(peers.Path, pk.PeerLog.Handler())
+	}
 	if o.EnablePprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -234,6 +271,9 @@ func Run(ctx context.Context, o Options) error {
 		gate.Set(static)
 	}
 	go pk.Scraper.Run(hctx)
+	if pk.Peers != nil {
+		go pk.Peers.Run(hctx)
+	}
 	log.Info("picker serving",
 		zap.Stringer("ext_proc", gl.Addr()), zap.Stringer("health", hl.Addr()), zap.Stringer("metrics", ml.Addr()),
 		zap.Bool("tls", o.SecureServing), zap.Int("endpoints", len(pk.Pool.Snapshot())))

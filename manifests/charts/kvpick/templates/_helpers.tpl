@@ -23,7 +23,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* Leader election: on with more than one replica (active-passive), as in the reference chart. */}}
 {{- define "kvpick.ha" -}}
-{{- if gt (int .Values.inferenceExtension.replicas) 1 }}true{{ end -}}
+{{- if and (gt (int .Values.inferenceExtension.replicas) 1) (ne .Values.inferenceExtension.highAvailability "active") }}true{{ end -}}
+{{- end -}}
+
+{{/* The headless Service of active-active replicas: a DNS label, at most 63 characters. */}}
+{{- define "kvpick.peersName" -}}
+{{- printf "%s-epp-peers" (.Release.Name | trunc 53 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* Active-active replicas: each shares its commits with the others (--peers). */}}
+{{- define "kvpick.activeActive" -}}
+{{- if and (gt (int .Values.inferenceExtension.replicas) 1) (eq .Values.inferenceExtension.highAvailability "active") }}true{{ end -}}
 {{- end -}}
 
 {{/* The file --config-file names, inside the ConfigMap mounted at /config. */}}
@@ -67,7 +77,7 @@ config.yaml
 {{- if or (not .Values.inferenceExtension.image.hub) (not .Values.inferenceExtension.image.tag) -}}
 {{- fail "inferenceExtension.image.hub and .tag are required: no kvpick image is published. Build and push yours with `make image IMAGE=<registry>/kvpick:<tag> PUSH=1`, then --set inferenceExtension.image.hub=<registry> --set inferenceExtension.image.tag=<tag>" -}}
 {{- end -}}
-{{- $managed := dict "pool-name" "the release name" "pool-namespace" "the release namespace" "pool-group" "inferencePool.apiVersion" "grpc-port" "the chart (9002)" "grpc-health-port" "the chart (9003)" "metrics-port" "the chart (9090)" "config-file" "inferenceExtension.config or pluginsConfigFile" "ha-enable-leader-election" "inferenceExtension.replicas" "drain-timeout" "inferenceExtension.drainTimeoutSeconds" "shutdown-delay" "inferenceExtension.shutdownDelaySeconds" "secure-serving" "inferenceExtension.tls.enabled" "cert-path" "inferenceExtension.tls.secretName" "log-level" "inferenceExtension.logLevel" "endpoints" "nothing: the pool comes from the InferencePool" -}}
+{{- $managed := dict "pool-name" "the release name" "pool-namespace" "the release namespace" "pool-group" "inferencePool.apiVersion" "grpc-port" "the chart (9002)" "grpc-health-port" "the chart (9003)" "metrics-port" "the chart (9090)" "config-file" "inferenceExtension.config or pluginsConfigFile" "ha-enable-leader-election" "inferenceExtension.replicas and highAvailability" "peers" "inferenceExtension.highAvailability: active" "drain-timeout" "inferenceExtension.drainTimeoutSeconds" "shutdown-delay" "inferenceExtension.shutdownDelaySeconds" "secure-serving" "inferenceExtension.tls.enabled" "cert-path" "inferenceExtension.tls.secretName" "log-level" "inferenceExtension.logLevel" "endpoints" "nothing: the pool comes from the InferencePool" -}}
 {{- range $flag, $_ := .Values.inferenceExtension.flags -}}
 {{- $name := trimPrefix "-" (trimPrefix "-" $flag) -}}
 {{- if hasKey $managed $name -}}

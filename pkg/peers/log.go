@@ -1,0 +1,147 @@
+// Package peers shares what each active picker replica learns with the others. A replica's
+// prefix index otherwise knows only the requests that replica routed, so with two replicas
+// side by side a prefix the other one placed looks new, gets placed again elsewhere, and the
+// two copies crowd the servers' caches (the replay: a fifth to a third of the cache hits lost
+// on shared prompts, docs/benchmarks.md "Active-active router replicas").
+//
+// Each replica keeps a bounded log of the prompts its servers have taken (the blocks it
+// commits to its index on the response path, with the endpoint) and serves it on its metrics
+// port (GET /peer/commits?since=N); every replica polls its peers' logs and commits their
+// entries to its own index, as if it had routed them. Only commits travel: pending requests,
+// in-flight counts and learned capacities stay each replica's own. Entries carry the
+// endpoint's address, so replicas whose pools list the same servers agree on them; an entry for
+// an endpoint a replica does not have is skipped.
+package peers
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"sync"
+)
+
+// Wire format of a GET /peer/commits answer (little endian):
+//
+//	"KVPC" version:u8 instance:u64 next:u64 first:u64 count:u32
+//	count × ( seq:u64 addrLen:u8 addr blocks:u32 blocks×hash:u64 )
+//
+// instance identifies the process (random at start): a poller that reaches its own log, or a
+// peer that restarted, tells by it. next is the sequence number the log will give its next
+// entry, first the oldest it still holds; the entries are those with seq ≥ since, oldest first,
+// up to maxAnswerBytes.
+const (
+	magic          = "KVPC"
+	version        = 1
+	headerBytes    = 4 + 1 + 8 + 8 + 8 + 4
+	maxAnswerBytes = 1 << 20
+	// maxEntryBlocks bounds one entry, as prefix-scorer's maxBlocksPerRequest is bounded.
+	maxEntryBlocks = 1 << 20
+)
+
+// DefaultLogBlocks bounds a Log: 524,288 block hashes × 8 bytes = 4 MiB. At 100 requests/s of
+// ~300 blocks each it holds the last ~17 s, far more than a poll interval.
+const DefaultLogBlocks = 1 << 19
+
+type entry struct {
+	seq    uint64
+	addr   string
+	hashes []uint64
+}
+
+// Log is a replica's recent commits, oldest dropped first once they hold more than its bound
+// of block hashes. Safe for concurrent use.
+type Log struct {
+	id        uint64
+	maxBlocks int
+
+	mu      sync.Mutex
+	entries []entry // oldest first from start
+	start   int
+	next    uint64
+	blocks  int
+}
+
+// NewLog returns an empty log holding at most maxBlocks block hashes (≤ 0: DefaultLogBlocks).
+func NewLog(maxBlocks int) *Log {
+	if maxBlocks <= 0 {
+		maxBlocks = DefaultLogBlocks
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &Log{id: binary.LittleEndian.Uint64(b[:]) | 1, maxBlocks: maxBlocks}
+}
+
+// Instance is the log's process identity, sent with every answer.
+func (l *Log) Instance() uint64 { return l.id }
+
+// Publish appends a commit of hashes (copied) to the endpoint at addr.
+func (l *Log) Publish(addr string, hashes []uint64) {
+	if len(hashes) == 0 || len(addr) > 255 {
+		return
+	}
+	if len(hashes) > maxEntryBlocks {
+		hashes = hashes[:maxEntryBlocks]
+	}
+	e := entry{addr: addr, hashes: append([]uint64(nil), hashes...)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e.seq = l.next
+	l.next++
+	l.entries = append(l.entries, e)
+	l.blocks += len(e.hashes)
+	for l.blocks > l.maxBlocks && l.start < len(l.entries)-1 {
+		l.blocks -= len(l.entries[l.start].hashes)
+		l.entries[l.start] = entry{}
+		l.start++
+	}
+	if l.start > 64 && l.start > len(l.entries)/2 {
+		n := copy(l.entries, l.entries[l.start:])
+		clear(l.entries[n:])
+		l.entries = l.entries[:n]
+		l.start = 0
+	}
+}
+
+// appendAnswer appends the answer to a poll for the entries from since on to dst. The entries
+// are picked under the lock and encoded after it (their hashes never change once published),
+// so a large answer does not hold up the commits of the response path.
+func (l *Log) appendAnswer(dst []byte, since uint64) []byte {
+	l.mu.Lock()
+	live := l.entries[l.start:]
+	next, first := l.next, l.next
+	if len(live) > 0 {
+		first = live[0].seq
+	}
+	i := 0
+	if since > first {
+		i = int(min(since-first, uint64(len(live))))
+	}
+	var picked []entry
+	size := headerBytes
+	for ; i < len(live); i++ {
+		e := live[i]
+		n := 8 + 1 + len(e.addr) + 4 + 8*len(e.hashes)
+		if len(picked) > 0 && size+n > maxAnswerBytes {
+			break
+		}
+		picked = append(picked, e)
+		size += n
+	}
+	l.mu.Unlock()
+
+	dst = append(dst, magic...)
+	dst = append(dst, version)
+	dst = binary.LittleEndian.AppendUint64(dst, l.id)
+	dst = binary.LittleEndian.AppendUint64(dst, next)
+	dst = binary.LittleEndian.AppendUint64(dst, first)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(picked)))
+	for _, e := range picked {
+		dst = binary.LittleEndian.AppendUint64(dst, e.seq)
+		dst = append(dst, byte(len(e.addr)))
+		dst = append(dst, e.addr...)
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(e.hashes)))
+		for _, h := range e.hashes {
+			dst = binary.LittleEndian.AppendUint64(dst, h)
+		}
+	}
+	return dst
+}

@@ -1,0 +1,249 @@
+package peers
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Sink takes the peers' commits: the prefix index of this replica. It reports false when it
+// has no endpoint at addr.
+type Sink interface {
+	ApplyPeerCommit(addr string, hashes []uint64) bool
+}
+
+// Options configure a Poller.
+type Options struct {
+	// Peers are the other replicas' metrics addresses, "host:port". A host name is resolved
+	// every ResolveInterval and each of its addresses followed (a Kubernetes headless
+	// Service's name gives every ready replica); this replica's own address may be among
+	// them (it is recognised by its log's instance and skipped).
+	Peers []string
+	// Interval between two polls of a peer (more at once while a peer has more to send);
+	// Timeout bounds one poll.
+	Interval, Timeout, ResolveInterval time.Duration
+	Log                                *Log
+	Sink                               Sink
+	Logger                             *zap.Logger
+	Registerer                         prometheus.Registerer
+}
+
+// Poller follows the peers' logs into the Sink.
+type Poller struct {
+	o      Options
+	client *http.Client
+	m      metrics
+	lookup func(ctx context.Context, host string) ([]string, error)
+}
+
+type metrics struct {
+	applied, skipped, errors, gaps prometheus.Counter
+	followed                       prometheus.Gauge
+}
+
+// NewPoller returns a Poller; Run starts it.
+func NewPoller(o Options) (*Poller, error) {
+	if o.Log == nil || o.Sink == nil {
+		return nil, fmt.Errorf("peers: a log and a sink are needed")
+	}
+	if o.Interval <= 0 || o.Timeout <= 0 || o.ResolveInterval <= 0 {
+		return nil, fmt.Errorf("peers: interval, timeout and resolveInterval must be positive")
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	for _, p := range o.Peers {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			return nil, fmt.Errorf("peers: %q: %w", p, err)
+		}
+	}
+	p := &Poller{o: o, client: &http.Client{Timeout: o.Timeout}, lookup: net.DefaultResolver.LookupHost}
+	p.m = metrics{
+		applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_commits_applied_total",
+			Help: "Commits other picker replicas published that this replica's prefix index took."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_commits_skipped_total",
+			Help: "Peer commits for an endpoint this replica does not have."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_poll_errors_total",
+			Help: "Polls of a peer's commit log that failed (unreachable, timeout, garbage)."}),
+		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_log_gaps_total",
+			Help: "Polls that found commits dropped from a peer's log before this replica read them."}),
+		followed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvpick_peer_addresses",
+			Help: "Addresses the configured peers resolve to (this replica's own among them when listed; it is not polled once recognised)."}),
+	}
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{p.m.applied, p.m.skipped, p.m.errors, p.m.gaps, p.m.followed} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// Run follows the peers until ctx ends.
+func (p *Poller) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	following := map[string]context.CancelFunc{}
+	defer func() {
+		for _, stop := range following {
+			stop()
+		}
+	}()
+	t := time.NewTicker(p.o.ResolveInterval)
+	defer t.Stop()
+	for {
+		want := p.resolve(ctx)
+		for addr, stop := range following {
+			if !slices.Contains(want, addr) {
+				stop()
+				delete(following, addr)
+			}
+		}
+		for _, addr := range want {
+			if _, ok := following[addr]; ok {
+				continue
+			}
+			fctx, stop := context.WithCancel(ctx)
+			following[addr] = stop
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.follow(fctx, addr)
+			}()
+		}
+		p.m.followed.Set(float64(len(following)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// resolve returns every address the configured peers name now. A name that does not resolve
+// keeps none (logged); an IP address is itself.
+func (p *Poller) resolve(ctx context.Context) []string {
+	var out []string
+	for _, peer := range p.o.Peers {
+		host, port, _ := net.SplitHostPort(peer)
+		if net.ParseIP(host) != nil {
+			out = append(out, peer)
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, p.o.Timeout)
+		ips, err := p.lookup(rctx, host)
+		cancel()
+		if err != nil {
+			p.o.Logger.Warn("peer name does not resolve", zap.String("peer", peer), zap.Error(err))
+			continue
+		}
+		for _, ip := range ips {
+			out = append(out, net.JoinHostPort(ip, port))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// peerState is what a follower knows of one peer's log.
+type peerState struct {
+	instance uint64 // 0 until the first answer
+	since    uint64
+	failing  bool
+}
+
+// follow polls one address until ctx ends or the address turns out to be this replica.
+func (p *Poller) follow(ctx context.Context, addr string) {
+	var st peerState
+	t := time.NewTicker(p.o.Interval)
+	defer t.Stop()
+	for {
+		more, self, err := p.poll(ctx, addr, &st)
+		switch {
+		case self:
+			p.o.Logger.Debug("peer address is this replica: not followed", zap.String("peer", addr))
+			return
+		case err != nil && ctx.Err() == nil:
+			p.m.errors.Inc()
+			if !st.failing {
+				p.o.Logger.Warn("peer commit log unreachable", zap.String("peer", addr), zap.Error(err))
+				st.failing = true
+			}
+		case err == nil && st.failing:
+			p.o.Logger.Info("peer commit log reachable again", zap.String("peer", addr))
+			st.failing = false
+		}
+		if more && err == nil {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// poll fetches and applies one answer. more: the peer has entries beyond it.
+func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, self bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+Path+"?since="+strconv.FormatUint(st.since, 10), nil)
+	if err != nil {
+		return false, false, err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return false, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return false, false, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 2*maxAnswerBytes))
+	if err != nil {
+		return false, false, err
+	}
+	a, err := decode(body)
+	if err != nil {
+		return false, false, err
+	}
+	if a.instance == p.o.Log.Instance() {
+		return false, true, nil
+	}
+	if st.instance != a.instance {
+		if st.instance != 0 {
+			// The peer restarted: its sequence numbers start again.
+			st.instance, st.since = a.instance, 0
+			return true, false, nil
+		}
+		st.instance = a.instance
+	}
+	if a.first > st.since && st.since > 0 {
+		p.m.gaps.Inc()
+	}
+	for _, e := range a.entries {
+		if e.seq < st.since {
+			continue
+		}
+		if p.o.Sink.ApplyPeerCommit(e.addr, e.hashes) {
+			p.m.applied.Inc()
+		} else {
+			p.m.skipped.Inc()
+		}
+		st.since = e.seq + 1
+	}
+	if st.since > a.next {
+		st.since = a.next
+	}
+	return len(a.entries) > 0 && st.since < a.next, false, nil
+}

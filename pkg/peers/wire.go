@@ -1,0 +1,98 @@
+package peers
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+)
+
+// Path is where a replica serves its log, on its metrics port.
+const Path = "/peer/commits"
+
+// Handler serves the log: GET Path?since=N.
+func (l *Log) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			http.Error(w, "GET only", http.StatusMethodNotAllowed)
+			return
+		}
+		var since uint64
+		if s := r.URL.Query().Get("since"); s != "" {
+			v, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				http.Error(w, "since: not a sequence number", http.StatusBadRequest)
+				return
+			}
+			since = v
+		}
+		b := l.appendAnswer(make([]byte, 0, 4096), since)
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		_, _ = w.Write(b)
+	})
+}
+
+// answer is a decoded poll answer.
+type answer struct {
+	instance, next, first uint64
+	entries               []entry
+}
+
+var errShort = errors.New("truncated")
+
+// decode parses an answer. It checks every length against the bytes there are, so garbage
+// gives an error, never a panic or a huge allocation.
+func decode(b []byte) (*answer, error) {
+	if len(b) < headerBytes || string(b[:4]) != magic {
+		return nil, errors.New("not a peer commit log answer")
+	}
+	if b[4] != version {
+		return nil, fmt.Errorf("version %d, want %d", b[4], version)
+	}
+	a := &answer{
+		instance: binary.LittleEndian.Uint64(b[5:]),
+		next:     binary.LittleEndian.Uint64(b[13:]),
+		first:    binary.LittleEndian.Uint64(b[21:]),
+	}
+	count := binary.LittleEndian.Uint32(b[29:])
+	b = b[headerBytes:]
+	// Each entry takes at least 13 bytes: a count beyond that is a lie.
+	if uint64(count) > uint64(len(b)/13) {
+		return nil, fmt.Errorf("%d entries in %d bytes: %w", count, len(b), errShort)
+	}
+	a.entries = make([]entry, 0, count)
+	prev := uint64(0)
+	for i := range count {
+		if len(b) < 9 {
+			return nil, errShort
+		}
+		seq := binary.LittleEndian.Uint64(b)
+		if i > 0 && seq <= prev {
+			return nil, fmt.Errorf("entry %d: sequence %d after %d", i, seq, prev)
+		}
+		prev = seq
+		n := int(b[8])
+		b = b[9:]
+		if len(b) < n+4 {
+			return nil, errShort
+		}
+		addr := string(b[:n])
+		blocks := binary.LittleEndian.Uint32(b[n:])
+		b = b[n+4:]
+		if blocks == 0 || blocks > maxEntryBlocks || uint64(blocks)*8 > uint64(len(b)) {
+			return nil, fmt.Errorf("entry %d: %d blocks in %d bytes: %w", i, blocks, len(b), errShort)
+		}
+		hashes := make([]uint64, blocks)
+		for k := range hashes {
+			hashes[k] = binary.LittleEndian.Uint64(b[8*k:])
+		}
+		b = b[8*int(blocks):]
+		a.entries = append(a.entries, entry{seq: seq, addr: addr, hashes: hashes})
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%d bytes after the last entry", len(b))
+	}
+	return a, nil
+}
