@@ -163,3 +163,22 @@ func TestPprofIsServedOnlyWhenEnabled(t *testing.T) {
 		})
 	}
 }
+
+// TestPeersNeedThePrefixIndex: with peers configured the picker shares its prefix index's
+// commits (a log and a poller); without them it builds neither; peers with no prefix-scorer
+// among the plugins are refused.
+func TestPeersNeedThePrefixIndex(t *testing.T) {
+	cfg := config.Default()
+	pk, err := Build(cfg, zap.NewNop())
+	if err != nil || pk.PeerLog != nil || pk.Peers != nil {
+		t.Fatalf("no peers: err %v, log %v, poller %v", err, pk.PeerLog, pk.Peers)
+	}
+	cfg.Peers.Addresses = []string{"kvpick-peers:9090"}
+	if pk, err = Build(cfg, zap.NewNop()); err != nil || pk.PeerLog == nil || pk.Peers == nil {
+		t.Fatalf("peers: err %v", err)
+	}
+	cfg.Plugins = []config.Plugin{{Name: "inflight-scorer"}, {Name: "max-score-picker"}}
+	if _, err := Build(cfg, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "prefix-scorer") {
+		t.Fatalf("peers without the prefix index: err %v", err)
+	}
+}
