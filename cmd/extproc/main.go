@@ -57,7 +57,7 @@ func run(args []string) error {
 	enablePprof := fs.Bool("enable-pprof", false, "serve /debug/pprof/ on the metrics address (profiles expose the process's internals: keep that address private)")
 	configFile := fs.String("config-file", "", "YAML configuration file; empty uses the built-in defaults (config/default.yaml)")
 	endpoints := fs.String("endpoints", "", "static pool as ip:port,ip:port (overrides pool.endpoints in the config file)")
-	peerAddrs := fs.String("peers", "", "active-active replicas: the other replicas' metrics addresses as host:port,host:port (a name may resolve to several, e.g. a headless Service); each shares the prompts its servers took (overrides peers.addresses)")
+	peerAddrs := fs.String("peers", "", "active-active replicas: the replicas' metrics addresses as host:port,host:port (a name may resolve to several, e.g. a headless Service; this replica's own is recognised and skipped); each shares the prompts its servers took with the others (overrides peers.addresses)")
 	secure := fs.Bool("secure-serving", true, "serve ext_proc over TLS (self-signed unless --cert-path is set); false for plaintext")
 	certPath := fs.String("cert-path", "", "directory holding tls.crt and tls.key for --secure-serving")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
