@@ -263,3 +263,23 @@ func TestPollerResolvesNamesToEveryAddress(t *testing.T) {
 		t.Fatal("a peer without a port was accepted")
 	}
 }
+
+func TestFailingPeersArePolledLessOften(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		interval time.Duration
+		failures int
+		want     time.Duration
+	}{
+		{20 * ms, 0, 20 * ms},
+		{20 * ms, 1, 40 * ms},
+		{20 * ms, 3, 160 * ms},
+		{20 * ms, 8, 5 * time.Second},
+		{20 * ms, 1000, 5 * time.Second},
+		{10 * time.Second, 3, 10 * time.Second},
+	} {
+		if got := backoff(tc.interval, tc.failures); got != tc.want {
+			t.Errorf("backoff(%v, %d) = %v, want %v", tc.interval, tc.failures, got, tc.want)
+		}
+	}
+}

@@ -162,11 +162,12 @@ type peerState struct {
 	failing  bool
 }
 
-// follow polls one address until ctx ends or the address turns out to be this replica.
+// follow polls one address until ctx ends or the address turns out to be this replica. After
+// failures it waits longer, doubling up to maxBackoff: a peer that is gone (a replica scaled
+// away before the next resolve) costs a poll every few seconds, not fifty a second.
 func (p *Poller) follow(ctx context.Context, addr string) {
 	var st peerState
-	t := time.NewTicker(p.o.Interval)
-	defer t.Stop()
+	failures := 0
 	for {
 		more, self, err := p.poll(ctx, addr, &st)
 		switch {
@@ -175,23 +176,42 @@ func (p *Poller) follow(ctx context.Context, addr string) {
 			return
 		case err != nil && ctx.Err() == nil:
 			p.m.errors.Inc()
+			failures++
 			if !st.failing {
 				p.o.Logger.Warn("peer commit log unreachable", zap.String("peer", addr), zap.Error(err))
 				st.failing = true
 			}
-		case err == nil && st.failing:
-			p.o.Logger.Info("peer commit log reachable again", zap.String("peer", addr))
-			st.failing = false
+		case err == nil:
+			failures = 0
+			if st.failing {
+				p.o.Logger.Info("peer commit log reachable again", zap.String("peer", addr))
+				st.failing = false
+			}
 		}
 		if more && err == nil {
 			continue
 		}
+		t := time.NewTimer(backoff(p.o.Interval, failures))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// maxBackoff bounds the wait between two polls of a failing peer.
+const maxBackoff = 5 * time.Second
+
+// backoff is the wait before the next poll after failures failed polls in a row: the interval,
+// doubled per failure, at most maxBackoff (or the interval, if that is longer).
+func backoff(interval time.Duration, failures int) time.Duration {
+	wait := interval
+	for i := 0; i < failures && wait < maxBackoff; i++ {
+		wait *= 2
+	}
+	return min(wait, max(maxBackoff, interval))
 }
 
 // poll fetches and applies one answer. more: the peer has entries beyond it.
@@ -231,6 +251,7 @@ func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, se
 	if a.first > st.since && st.since > 0 {
 		p.m.gaps.Inc()
 	}
+	before := st.since
 	for _, e := range a.entries {
 		if e.seq < st.since {
 			continue
@@ -245,5 +266,7 @@ func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, se
 	if st.since > a.next {
 		st.since = a.next
 	}
-	return len(a.entries) > 0 && st.since < a.next, false, nil
+	// More only when this answer moved on: a peer that keeps sending the same entries is not
+	// asked again at once.
+	return st.since > before && st.since < a.next, false, nil
 }
