@@ -257,6 +257,9 @@ func TestManifestsDryRun(t *testing.T) {
 	t.Run("kustomize/base+components/ha", func(t *testing.T) {
 		r.apply(t, haOverlay(t), "k-ha")
 	})
+	t.Run("kustomize/base+components/active-active", func(t *testing.T) {
+		r.apply(t, componentOverlay(t, "active-active"), "k-active-active")
+	})
 }
 
 // TestDryRunRefusesBrokenObjects: the dry run is a real check; a broken InferencePool and a

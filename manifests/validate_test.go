@@ -35,7 +35,7 @@ func TestManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"base", "e2e", "gateways/envoy-gateway", "gateways/envoy-gateway/cluster", "gateways/istio", "gateways/kgateway", "components/ha"} {
+	for _, want := range []string{"base", "e2e", "gateways/envoy-gateway", "gateways/envoy-gateway/cluster", "gateways/istio", "gateways/kgateway", "components/ha", "components/active-active"} {
 		if !slices.Contains(dirs, filepath.FromSlash(want)) {
 			t.Errorf("no kustomization in manifests/%s", want)
 		}
@@ -73,7 +73,10 @@ func isComponent(t *testing.T, dir string) bool {
 }
 
 // haOverlay builds base + components/ha as an overlay would.
-func haOverlay(t *testing.T) []object {
+func haOverlay(t *testing.T) []object { return componentOverlay(t, "ha") }
+
+// componentOverlay builds base + components/<name> as an overlay would.
+func componentOverlay(t *testing.T, name string) []object {
 	t.Helper()
 	root, err := filepath.Abs(".")
 	if err != nil {
@@ -89,7 +92,7 @@ func haOverlay(t *testing.T) []object {
 		return r
 	}
 	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + rel("base") +
-		"\ncomponents:\n- " + rel(filepath.Join("components", "ha")) + "\n"
+		"\ncomponents:\n- " + rel(filepath.Join("components", name)) + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +135,37 @@ func TestHAComponent(t *testing.T) {
 	errs := checkSet(w, objs, checkOptions{})
 	if !slices.ContainsFunc(errs, func(e error) bool { return strings.Contains(e.Error(), "coordination.k8s.io/leases") }) {
 		t.Errorf("leader election without Lease access passed the checks: %v", errs)
+	}
+}
+
+// TestActiveActiveComponent builds base + components/active-active: two replicas, no leader
+// election, --peers naming a headless Service over the picker pods' metrics port.
+func TestActiveActiveComponent(t *testing.T) {
+	w := mustWorld(t)
+	objs := componentOverlay(t, "active-active")
+	for _, err := range checkSet(w, objs, checkOptions{}) {
+		t.Error(err)
+	}
+	var d deployment
+	var peersSvc map[string]any
+	for _, o := range objs {
+		switch {
+		case o.Kind() == "Deployment":
+			if err := o.decode(&d); err != nil {
+				t.Fatal(err)
+			}
+		case o.Kind() == "Service" && o.Name() == "kvpick-epp-peers":
+			peersSvc = o.Raw
+		}
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 || slices.Contains(c.Args, "--ha-enable-leader-election") ||
+		!slices.Contains(c.Args, "--peers=kvpick-epp-peers:9090") {
+		t.Errorf("replicas %v, args %v: want 2 replicas, --peers, no leader election", d.Spec.Replicas, c.Args)
+	}
+	if peersSvc == nil || at(peersSvc, "spec", "clusterIP") != "None" || at(peersSvc, "spec", "publishNotReadyAddresses") != true ||
+		at(peersSvc, "spec", "selector", "app.kubernetes.io/name") != "kvpick" {
+		t.Errorf("peers Service %v: want headless, not-ready pods included, the picker's pods", peersSvc)
 	}
 }
 
