@@ -661,8 +661,8 @@ func TestPickerReplicasShareTheRequests(t *testing.T) {
 }
 
 // TestPickerReplicasShareTheirCommits: two replicas listing both their metrics addresses as
-// peers each take every commit of the other (one per request the other routed, all served),
-// and none of their own back.
+// peers each take every pick and every commit of the other (one of each per request the other
+// routed, all served), and none of their own back.
 func TestPickerReplicasShareTheirCommits(t *testing.T) {
 	ctx := context.Background()
 	bin := picker(t)
@@ -703,23 +703,26 @@ func TestPickerReplicasShareTheirCommits(t *testing.T) {
 			t.Fatalf("request %d: status %d, err %q", i, r.Status, r.Err)
 		}
 	}
-	// Replica 0 routed requests 0, 2, ..., 100 (51), replica 1 the other 50.
-	want := []float64{50, 51}
+	// Replica 0 routed requests 0, 2, ..., 100 (51), replica 1 the other 50: commits then
+	// picks applied by each.
+	want := []float64{50, 51, 50, 51}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var got []float64
-		for _, p := range ps {
-			m, err := ScrapeMetrics(ctx, p.MetricsAddr)
-			if err != nil {
-				t.Fatal(err)
+		for _, name := range []string{"kvpick_peer_commits_applied_total", "kvpick_peer_picks_applied_total"} {
+			for _, p := range ps {
+				m, err := ScrapeMetrics(ctx, p.MetricsAddr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, m.Sum(name))
 			}
-			got = append(got, m.Sum("kvpick_peer_commits_applied_total"))
 		}
 		if slices.Equal(got, want) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("peer commits applied per replica %v, want %v", got, want)
+			t.Fatalf("peer commits then picks applied per replica %v, want %v", got, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

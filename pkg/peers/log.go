@@ -4,11 +4,12 @@
 // two copies crowd the servers' caches (the replay: a fifth to a third of the cache hits lost
 // on shared prompts, docs/benchmarks.md "Active-active router replicas").
 //
-// Each replica keeps a bounded log of the prompts its servers have taken (the blocks it
-// commits to its index on the response path, with the endpoint) and serves it on its metrics
-// port (GET /peer/commits?since=N); every replica polls its peers' logs and commits their
-// entries to its own index, as if it had routed them. Only commits travel: pending requests,
-// in-flight counts and learned capacities stay each replica's own. Entries carry the
+// Each replica keeps a bounded log of what it did with the prompts it routed — picked for an
+// endpoint (its pending record), taken by the endpoint's server (the blocks it commits to its
+// index on the response path) or dropped (the request failed or ended first) — and serves it
+// on its metrics port (GET /peer/commits?since=N); every replica polls its peers' logs and
+// applies their entries to its own index and pending records, as if it had routed the
+// requests. In-flight counts, prefill charges and learned capacities stay each replica's own. Entries carry the
 // endpoint's address, so replicas whose pools list the same servers agree on them; an entry for
 // an endpoint a replica does not have is skipped.
 package peers
@@ -22,8 +23,10 @@ import (
 // Wire format of a GET /peer/commits answer (little endian):
 //
 //	"KVPC" version:u8 instance:u64 next:u64 first:u64 count:u32
-//	count × ( seq:u64 addrLen:u8 addr blocks:u32 blocks×hash:u64 )
+//	count × ( seq:u64 kind:u8 id:u64 addrLen:u8 addr blocks:u32 blocks×hash:u64 )
 //
+// kind is KindPick, KindCommit or KindDrop; id is the publisher's number for the request, the
+// same in its pick and in the commit or drop that ends it (a drop has no address or blocks).
 // instance identifies the process (random at start): a poller that reaches its own log, or a
 // peer that restarted, tells by it. next is the sequence number the log will give its next
 // entry, first the oldest it still holds; the entries are those with seq ≥ since, oldest first,
@@ -41,11 +44,23 @@ const (
 // ~300 blocks each it holds the last ~17 s, far more than a poll interval.
 const DefaultLogBlocks = 1 << 19
 
+// Entry kinds.
+const (
+	KindPick   byte = 1 // a request was picked for the endpoint: its blocks are about to be cached
+	KindCommit byte = 2 // the endpoint's server took the request: its blocks are cached
+	KindDrop   byte = 3 // the picked request failed or ended before its server took it
+)
+
 type entry struct {
 	seq    uint64
+	kind   byte
+	id     uint64
 	addr   string
 	hashes []uint64
 }
+
+// entryBytes is an entry's size on the wire.
+func entryBytes(e *entry) int { return 8 + 1 + 8 + 1 + len(e.addr) + 4 + 8*len(e.hashes) }
 
 // Log is a replica's recent commits, oldest dropped first once they hold more than its bound
 // of block hashes. Safe for concurrent use.
@@ -73,15 +88,28 @@ func NewLog(maxBlocks int) *Log {
 // Instance is the log's process identity, sent with every answer.
 func (l *Log) Instance() uint64 { return l.id }
 
-// Publish appends a commit of hashes (copied) to the endpoint at addr.
-func (l *Log) Publish(addr string, hashes []uint64) {
-	if len(hashes) == 0 || len(addr) > 255 {
+// Pick appends that request id was picked for the endpoint at addr, with its blocks (copied).
+func (l *Log) Pick(id uint64, addr string, hashes []uint64) { l.publish(KindPick, id, addr, hashes) }
+
+// Commit appends that the endpoint at addr took request id, with its blocks (copied).
+func (l *Log) Commit(id uint64, addr string, hashes []uint64) {
+	l.publish(KindCommit, id, addr, hashes)
+}
+
+// Drop appends that request id ended without its blocks being cached.
+func (l *Log) Drop(id uint64) { l.publish(KindDrop, id, "", nil) }
+
+func (l *Log) publish(kind byte, id uint64, addr string, hashes []uint64) {
+	if (kind != KindDrop && len(hashes) == 0) || len(addr) > 255 {
 		return
 	}
 	if len(hashes) > maxEntryBlocks {
 		hashes = hashes[:maxEntryBlocks]
 	}
-	e := entry{addr: addr, hashes: append([]uint64(nil), hashes...)}
+	e := entry{kind: kind, id: id, addr: addr}
+	if len(hashes) > 0 {
+		e.hashes = append([]uint64(nil), hashes...)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e.seq = l.next
@@ -119,7 +147,7 @@ func (l *Log) appendAnswer(dst []byte, since uint64) []byte {
 	size := headerBytes
 	for ; i < len(live); i++ {
 		e := live[i]
-		n := 8 + 1 + len(e.addr) + 4 + 8*len(e.hashes)
+		n := entryBytes(&e)
 		if len(picked) > 0 && size+n > maxAnswerBytes {
 			break
 		}
@@ -136,6 +164,8 @@ func (l *Log) appendAnswer(dst []byte, since uint64) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(picked)))
 	for _, e := range picked {
 		dst = binary.LittleEndian.AppendUint64(dst, e.seq)
+		dst = append(dst, e.kind)
+		dst = binary.LittleEndian.AppendUint64(dst, e.id)
 		dst = append(dst, byte(len(e.addr)))
 		dst = append(dst, e.addr...)
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(e.hashes)))

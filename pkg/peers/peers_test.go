@@ -36,10 +36,10 @@ func seqs(a *answer) []uint64 {
 func TestLogAnswersFromSinceAndDropsTheOldestBeyondItsBound(t *testing.T) {
 	l := NewLog(10)
 	hs := []uint64{1, 2, 3, 4}
-	l.Publish("10.0.0.1:8000", hs)
+	l.Commit(1, "10.0.0.1:8000", hs)
 	hs[0] = 99 // the log keeps its own copy
-	l.Publish("10.0.0.2:8000", []uint64{5, 6, 7})
-	l.Publish("10.0.0.1:8000", nil) // nothing to share: no entry
+	l.Commit(2, "10.0.0.2:8000", []uint64{5, 6, 7})
+	l.Commit(3, "10.0.0.1:8000", nil) // nothing to share: no entry
 	a := answerOf(t, l, 0)
 	if a.instance != l.Instance() || a.next != 2 || a.first != 0 || !slices.Equal(seqs(a), []uint64{0, 1}) {
 		t.Fatalf("answer %+v", a)
@@ -54,13 +54,13 @@ func TestLogAnswersFromSinceAndDropsTheOldestBeyondItsBound(t *testing.T) {
 		t.Fatalf("since next: %+v", got)
 	}
 	// 4 + 3 + 5 = 12 hashes > 10: the oldest goes.
-	l.Publish("10.0.0.3:8000", []uint64{8, 9, 10, 11, 12})
+	l.Commit(4, "10.0.0.3:8000", []uint64{8, 9, 10, 11, 12})
 	a = answerOf(t, l, 0)
 	if a.first != 1 || !slices.Equal(seqs(a), []uint64{1, 2}) {
 		t.Fatalf("after the bound: first %d, entries %v", a.first, seqs(a))
 	}
 	// The newest entry is kept even when it alone exceeds the bound.
-	l.Publish("10.0.0.4:8000", make([]uint64, 20))
+	l.Commit(5, "10.0.0.4:8000", make([]uint64, 20))
 	if a := answerOf(t, l, 0); !slices.Equal(seqs(a), []uint64{3}) {
 		t.Fatalf("an oversized entry: %v", seqs(a))
 	}
@@ -70,7 +70,7 @@ func TestLogCompactsAndAnswersInPieces(t *testing.T) {
 	l := NewLog(1 << 30)
 	big := make([]uint64, 40_000) // 320 KB an entry: an answer holds three
 	for range 10 {
-		l.Publish("10.0.0.1:8000", big)
+		l.Commit(6, "10.0.0.1:8000", big)
 	}
 	var got []uint64
 	for since := uint64(0); since < 10; {
@@ -86,7 +86,7 @@ func TestLogCompactsAndAnswersInPieces(t *testing.T) {
 	}
 	small := NewLog(100)
 	for i := range 1000 {
-		small.Publish("a:1", []uint64{uint64(i)})
+		small.Commit(7, "a:1", []uint64{uint64(i)})
 	}
 	if len(small.entries) > 300 || answerOf(t, small, 0).first != 900 {
 		t.Fatalf("log not compacted: %d slots, first %d", len(small.entries), answerOf(t, small, 0).first)
@@ -95,8 +95,8 @@ func TestLogCompactsAndAnswersInPieces(t *testing.T) {
 
 func TestDecodeRejectsMalformedAnswers(t *testing.T) {
 	l := NewLog(0)
-	l.Publish("10.0.0.1:8000", []uint64{1, 2})
-	l.Publish("10.0.0.1:8000", []uint64{3})
+	l.Commit(8, "10.0.0.1:8000", []uint64{1, 2})
+	l.Commit(9, "10.0.0.1:8000", []uint64{3})
 	good := l.appendAnswer(nil, 0)
 	mut := func(f func(b []byte) []byte) []byte { return f(slices.Clone(good)) }
 	for _, tc := range []struct {
@@ -110,11 +110,12 @@ func TestDecodeRejectsMalformedAnswers(t *testing.T) {
 		{"trailing bytes", append(slices.Clone(good), 0)},
 		{"count beyond the bytes", mut(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[29:], 1<<31); return b })},
 		{"blocks beyond the bytes", mut(func(b []byte) []byte {
-			binary.LittleEndian.PutUint32(b[headerBytes+9+len("10.0.0.1:8000"):], 1<<30)
+			binary.LittleEndian.PutUint32(b[headerBytes+18+len("10.0.0.1:8000"):], 1<<30)
 			return b
 		})},
+		{"unknown kind", mut(func(b []byte) []byte { b[headerBytes+8] = 9; return b })},
 		{"sequence going back", mut(func(b []byte) []byte {
-			second := headerBytes + 9 + len("10.0.0.1:8000") + 4 + 16
+			second := headerBytes + 18 + len("10.0.0.1:8000") + 4 + 16
 			binary.LittleEndian.PutUint64(b[second:], 0)
 			return b
 		})},
@@ -126,11 +127,26 @@ func TestDecodeRejectsMalformedAnswers(t *testing.T) {
 	if a, err := decode(good); err != nil || len(a.entries) != 2 {
 		t.Fatalf("the good answer: %v", err)
 	}
+	// Picks and drops round-trip; a drop carries no address or blocks.
+	k := NewLog(0)
+	k.Pick(7, "10.0.0.1:8000", []uint64{1})
+	k.Drop(7)
+	a, err := decode(k.appendAnswer(nil, 0))
+	if err != nil || len(a.entries) != 2 || a.entries[0].kind != KindPick || a.entries[0].id != 7 ||
+		a.entries[1].kind != KindDrop || a.entries[1].id != 7 || a.entries[1].addr != "" || a.entries[1].hashes != nil {
+		t.Fatalf("pick and drop: %+v, %v", a, err)
+	}
+	withBlocks := k.appendAnswer(nil, 0)
+	dropAt := headerBytes + 18 + len("10.0.0.1:8000") + 4 + 8
+	binary.LittleEndian.PutUint32(withBlocks[dropAt+18:], 1)
+	if _, err := decode(append(withBlocks, make([]byte, 8)...)); err == nil {
+		t.Fatal("a drop with blocks decoded")
+	}
 }
 
 func FuzzDecode(f *testing.F) {
 	l := NewLog(0)
-	l.Publish("10.0.0.1:8000", []uint64{1, 2})
+	l.Commit(10, "10.0.0.1:8000", []uint64{1, 2})
 	f.Add(l.appendAnswer(nil, 0))
 	f.Add([]byte("KVPC"))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -151,9 +167,32 @@ type sink struct {
 	mu    sync.Mutex
 	known map[string]bool
 	got   map[string][][]uint64
+	picks map[uint64]string // live picks by id
+	ended []uint64          // ids committed or dropped, in order
 }
 
-func (s *sink) ApplyPeerCommit(addr string, hashes []uint64) bool {
+func (s *sink) ApplyPeerPick(_, id uint64, addr string, _ []uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.known[addr] {
+		return false
+	}
+	if s.picks == nil {
+		s.picks = map[uint64]string{}
+	}
+	s.picks[id] = addr
+	return true
+}
+
+func (s *sink) ApplyPeerDrop(_, id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.picks, id)
+	s.ended = append(s.ended, id)
+}
+
+func (s *sink) ApplyPeerCommit(_, id uint64, addr string, hashes []uint64) bool {
+	s.ApplyPeerDrop(0, id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.known[addr] {
@@ -201,9 +240,9 @@ func TestPollerFollowsPeersIntoTheSink(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
 
-	peer.Publish("10.0.0.1:8000", []uint64{1, 2, 3})
-	peer.Publish("10.0.0.9:8000", []uint64{4}) // not in this replica's pool
-	own.Publish("10.0.0.1:8000", []uint64{7})  // its own: never applied back
+	peer.Commit(11, "10.0.0.1:8000", []uint64{1, 2, 3})
+	peer.Commit(12, "10.0.0.9:8000", []uint64{4}) // not in this replica's pool
+	own.Commit(13, "10.0.0.1:8000", []uint64{7})  // its own: never applied back
 	s := &sink{known: map[string]bool{"10.0.0.1:8000": true}, got: map[string][][]uint64{}}
 	reg := prometheus.NewRegistry()
 	host := func(u string) string { return strings.TrimPrefix(u, "http://") }
@@ -218,8 +257,16 @@ func TestPollerFollowsPeersIntoTheSink(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	eventually(t, "the peer's first commit applied", func() bool { return s.count("10.0.0.1:8000") == 1 })
-	peer.Publish("10.0.0.1:8000", []uint64{5})
+	peer.Pick(14, "10.0.0.1:8000", []uint64{5})
+	peer.Pick(16, "10.0.0.1:8000", []uint64{8})
+	eventually(t, "the picks held", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.picks) == 2 })
+	peer.Commit(14, "10.0.0.1:8000", []uint64{5})
+	peer.Drop(16)
 	eventually(t, "a later commit applied", func() bool { return s.count("10.0.0.1:8000") == 2 })
+	eventually(t, "the picks ended", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.picks) == 0 })
+	if testutil.ToFloat64(p.m.picks) != 2 {
+		t.Fatalf("picks applied %v, want 2", testutil.ToFloat64(p.m.picks))
+	}
 	eventually(t, "the dead peer's polls counted", func() bool { return testutil.ToFloat64(p.m.errors) > 0 })
 	if got := s.got["10.0.0.1:8000"]; !slices.Equal(got[0], []uint64{1, 2, 3}) || !slices.Equal(got[1], []uint64{5}) {
 		t.Fatalf("applied %v", got)
@@ -233,7 +280,7 @@ func TestPollerFollowsPeersIntoTheSink(t *testing.T) {
 
 	// The peer restarts: a new log, sequence numbers from 0 again.
 	restarted := NewLog(0)
-	restarted.Publish("10.0.0.1:8000", []uint64{6})
+	restarted.Commit(15, "10.0.0.1:8000", []uint64{6})
 	current.Store(restarted)
 	eventually(t, "the restarted peer's commit applied", func() bool { return s.count("10.0.0.1:8000") == 3 })
 	if got := s.got["10.0.0.1:8000"][2]; !slices.Equal(got, []uint64{6}) {

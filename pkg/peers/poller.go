@@ -15,10 +15,14 @@ import (
 	"go.uber.org/zap"
 )
 
-// Sink takes the peers' commits: the prefix index of this replica. It reports false when it
-// has no endpoint at addr.
+// Sink takes the peers' entries: the prefix index of this replica. peer is the publishing
+// process (its log's instance) and id its number for the request, which ties a pick to the
+// commit or drop that ends it. The pick and commit calls report false when the Sink has no
+// endpoint at addr.
 type Sink interface {
-	ApplyPeerCommit(addr string, hashes []uint64) bool
+	ApplyPeerPick(peer, id uint64, addr string, hashes []uint64) bool
+	ApplyPeerCommit(peer, id uint64, addr string, hashes []uint64) bool
+	ApplyPeerDrop(peer, id uint64)
 }
 
 // Options configure a Poller.
@@ -46,8 +50,8 @@ type Poller struct {
 }
 
 type metrics struct {
-	applied, skipped, errors, gaps prometheus.Counter
-	followed                       prometheus.Gauge
+	applied, picks, skipped, errors, gaps prometheus.Counter
+	followed                              prometheus.Gauge
 }
 
 // NewPoller returns a Poller; Run starts it.
@@ -70,8 +74,10 @@ func NewPoller(o Options) (*Poller, error) {
 	p.m = metrics{
 		applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_commits_applied_total",
 			Help: "Commits other picker replicas published that this replica's prefix index took."}),
-		skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_commits_skipped_total",
-			Help: "Peer commits for an endpoint this replica does not have."}),
+		picks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_picks_applied_total",
+			Help: "Picks other picker replicas published that became pending records here until their commit or drop."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_entries_skipped_total",
+			Help: "Peer picks and commits for an endpoint this replica does not have."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_poll_errors_total",
 			Help: "Polls of a peer's commit log that failed (unreachable, timeout, garbage)."}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_log_gaps_total",
@@ -80,7 +86,7 @@ func NewPoller(o Options) (*Poller, error) {
 			Help: "Addresses the configured peers resolve to (this replica's own among them when listed; it is not polled once recognised)."}),
 	}
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{p.m.applied, p.m.skipped, p.m.errors, p.m.gaps, p.m.followed} {
+		for _, c := range []prometheus.Collector{p.m.applied, p.m.picks, p.m.skipped, p.m.errors, p.m.gaps, p.m.followed} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, err
 			}
@@ -256,10 +262,21 @@ func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, se
 		if e.seq < st.since {
 			continue
 		}
-		if p.o.Sink.ApplyPeerCommit(e.addr, e.hashes) {
-			p.m.applied.Inc()
-		} else {
-			p.m.skipped.Inc()
+		switch e.kind {
+		case KindPick:
+			if p.o.Sink.ApplyPeerPick(a.instance, e.id, e.addr, e.hashes) {
+				p.m.picks.Inc()
+			} else {
+				p.m.skipped.Inc()
+			}
+		case KindCommit:
+			if p.o.Sink.ApplyPeerCommit(a.instance, e.id, e.addr, e.hashes) {
+				p.m.applied.Inc()
+			} else {
+				p.m.skipped.Inc()
+			}
+		case KindDrop:
+			p.o.Sink.ApplyPeerDrop(a.instance, e.id)
 		}
 		st.since = e.seq + 1
 	}

@@ -58,14 +58,14 @@ func decode(b []byte) (*answer, error) {
 	}
 	count := binary.LittleEndian.Uint32(b[29:])
 	b = b[headerBytes:]
-	// Each entry takes at least 13 bytes: a count beyond that is a lie.
-	if uint64(count) > uint64(len(b)/13) {
+	// Each entry takes at least 22 bytes: a count beyond that is a lie.
+	if uint64(count) > uint64(len(b)/22) {
 		return nil, fmt.Errorf("%d entries in %d bytes: %w", count, len(b), errShort)
 	}
 	a.entries = make([]entry, 0, count)
 	prev := uint64(0)
 	for i := range count {
-		if len(b) < 9 {
+		if len(b) < 18 {
 			return nil, errShort
 		}
 		seq := binary.LittleEndian.Uint64(b)
@@ -73,23 +73,33 @@ func decode(b []byte) (*answer, error) {
 			return nil, fmt.Errorf("entry %d: sequence %d after %d", i, seq, prev)
 		}
 		prev = seq
-		n := int(b[8])
-		b = b[9:]
+		kind, id := b[8], binary.LittleEndian.Uint64(b[9:])
+		if kind < KindPick || kind > KindDrop {
+			return nil, fmt.Errorf("entry %d: kind %d", i, kind)
+		}
+		n := int(b[17])
+		b = b[18:]
 		if len(b) < n+4 {
 			return nil, errShort
 		}
 		addr := string(b[:n])
 		blocks := binary.LittleEndian.Uint32(b[n:])
 		b = b[n+4:]
-		if blocks == 0 || blocks > maxEntryBlocks || uint64(blocks)*8 > uint64(len(b)) {
+		if kind == KindDrop && (n != 0 || blocks != 0) {
+			return nil, fmt.Errorf("entry %d: a drop with an address or blocks", i)
+		}
+		if (kind != KindDrop && blocks == 0) || blocks > maxEntryBlocks || uint64(blocks)*8 > uint64(len(b)) {
 			return nil, fmt.Errorf("entry %d: %d blocks in %d bytes: %w", i, blocks, len(b), errShort)
 		}
-		hashes := make([]uint64, blocks)
+		var hashes []uint64
+		if blocks > 0 {
+			hashes = make([]uint64, blocks)
+		}
 		for k := range hashes {
 			hashes[k] = binary.LittleEndian.Uint64(b[8*k:])
 		}
 		b = b[8*int(blocks):]
-		a.entries = append(a.entries, entry{seq: seq, addr: addr, hashes: hashes})
+		a.entries = append(a.entries, entry{seq: seq, kind: kind, id: id, addr: addr, hashes: hashes})
 	}
 	if len(b) != 0 {
 		return nil, fmt.Errorf("%d bytes after the last entry", len(b))

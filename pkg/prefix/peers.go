@@ -1,29 +1,49 @@
 package prefix
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvpick/kvpick/pkg/router"
 )
 
-// CommitPublisher takes the prompts this replica's servers took (pkg/peers' Log), for the
-// other active replicas.
-type CommitPublisher interface {
-	Publish(addr string, hashes []uint64)
+// PeerPublisher takes what this replica does with the prompts it routes (pkg/peers' Log), for
+// the other active replicas: a pick, then the commit or the drop that ends it, under one id.
+type PeerPublisher interface {
+	Pick(id uint64, addr string, hashes []uint64)
+	Commit(id uint64, addr string, hashes []uint64)
+	Drop(id uint64)
 }
 
-// peerLink is the plugin's side of sharing commits between active replicas (pkg/peers): the
-// publisher its commits go to, and its endpoints by address for the peers' commits.
+// maxPeerPending bounds the pending records held for other replicas' picks: a peer that stops
+// publishing the end of its requests (it crashed) leaves at most this many, each expiring with
+// pendingTTL like this replica's own.
+const maxPeerPending = 1 << 16
+
+type peerKey struct{ peer, id uint64 }
+
+type peerPending struct {
+	rec *pendingRecord
+	at  time.Time
+}
+
+// peerLink is the plugin's side of sharing with the other active replicas (pkg/peers): the
+// publisher its picks and commits go to, its endpoints by address, and the pending records of
+// the peers' picks.
 type peerLink struct {
-	pub    atomic.Pointer[CommitPublisher]
+	pub    atomic.Pointer[PeerPublisher]
+	nextID atomic.Uint64
 	mu     sync.RWMutex
 	byAddr map[string]*router.Endpoint
+
+	pmu     sync.Mutex
+	pending map[peerKey]peerPending
 }
 
-// PublishCommits sends every later commit (endpoint address, the prompt's block hashes) to
-// pub as well; nil stops it.
-func (pl *Plugin) PublishCommits(pub CommitPublisher) {
+// PublishTo sends every later pick, commit and drop to pub as well; nil stops it.
+func (pl *Plugin) PublishTo(pub PeerPublisher) {
 	if pub == nil {
 		pl.peers.pub.Store(nil)
 		return
@@ -31,27 +51,108 @@ func (pl *Plugin) PublishCommits(pub CommitPublisher) {
 	pl.peers.pub.Store(&pub)
 }
 
-// ApplyPeerCommit commits hashes to the endpoint at addr, as if this replica had routed the
-// request there and seen it served: another replica did. It reports false when the pool has
-// no such endpoint.
-func (pl *Plugin) ApplyPeerCommit(addr string, hashes []uint64) bool {
+func (pl *Plugin) endpointAt(addr string) *router.Endpoint {
 	pl.peers.mu.RLock()
-	ep := pl.peers.byAddr[addr]
-	pl.peers.mu.RUnlock()
+	defer pl.peers.mu.RUnlock()
+	return pl.peers.byAddr[addr]
+}
+
+func (pl *Plugin) clip(hashes []uint64) []uint64 {
+	return hashes[:min(len(hashes), pl.p.MaxBlocksPerRequest)]
+}
+
+// ApplyPeerPick records another replica's pick as a pending record on the endpoint at addr,
+// as this replica's own picks are, until the commit or drop that ends it (or pendingTTL). It
+// reports false when the pool has no such endpoint.
+func (pl *Plugin) ApplyPeerPick(peer, id uint64, addr string, hashes []uint64) bool {
+	ep := pl.endpointAt(addr)
 	if ep == nil || len(hashes) == 0 {
 		return false
 	}
-	if len(hashes) > pl.p.MaxBlocksPerRequest {
-		hashes = hashes[:pl.p.MaxBlocksPerRequest]
+	now := pl.now()
+	l := &pl.peers
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	if l.pending == nil {
+		l.pending = map[peerKey]peerPending{}
 	}
-	pl.index.InsertIf(ep.Slot, hashes, func() bool { return !ep.Removed() })
+	if len(l.pending) >= maxPeerPending {
+		ttl := pl.p.PendingTTL.D()
+		for k, v := range l.pending {
+			if now.Sub(v.at) > ttl {
+				pl.pending.remove(v.rec)
+				delete(l.pending, k)
+			}
+		}
+		if len(l.pending) >= maxPeerPending {
+			return true // full of live picks: this one is not remembered
+		}
+	}
+	// No pick number of this replica's: a peer's request never counts as past its prefill.
+	rec := &pendingRecord{hashes: pl.clip(hashes), ep: ep, seq: math.MaxInt64}
+	pl.pending.add(rec, now)
+	l.pending[peerKey{peer, id}] = peerPending{rec: rec, at: now}
 	return true
 }
 
-// published sends one commit to the publisher, if there is one.
-func (pl *Plugin) published(ep *router.Endpoint, hashes []uint64) {
-	if p := pl.peers.pub.Load(); p != nil {
-		(*p).Publish(ep.Addr, hashes)
+// ApplyPeerCommit ends the peer's pick id and commits hashes to the endpoint at addr, as if
+// this replica had routed the request there and seen it served. It reports false when the pool
+// has no such endpoint.
+func (pl *Plugin) ApplyPeerCommit(peer, id uint64, addr string, hashes []uint64) bool {
+	pl.ApplyPeerDrop(peer, id)
+	ep := pl.endpointAt(addr)
+	if ep == nil || len(hashes) == 0 {
+		return false
+	}
+	pl.index.InsertIf(ep.Slot, pl.clip(hashes), func() bool { return !ep.Removed() })
+	return true
+}
+
+// ApplyPeerDrop ends the peer's pick id: its pending record goes.
+func (pl *Plugin) ApplyPeerDrop(peer, id uint64) {
+	l := &pl.peers
+	l.pmu.Lock()
+	v, ok := l.pending[peerKey{peer, id}]
+	delete(l.pending, peerKey{peer, id})
+	l.pmu.Unlock()
+	if ok {
+		pl.pending.remove(v.rec)
+	}
+}
+
+// peerPendingCount is the number of peers' picks held (tests).
+func (pl *Plugin) peerPendingCount() int {
+	pl.peers.pmu.Lock()
+	defer pl.peers.pmu.Unlock()
+	return len(pl.peers.pending)
+}
+
+// publishPick publishes a pick of st's prompt for ep (ending an earlier pick of the same
+// request first: the pipeline picked again).
+func (pl *Plugin) publishPick(st *state, ep *router.Endpoint) {
+	p := pl.peers.pub.Load()
+	if p == nil {
+		return
+	}
+	if st.peerID != 0 {
+		(*p).Drop(st.peerID)
+	}
+	st.peerID = pl.peers.nextID.Add(1)
+	(*p).Pick(st.peerID, ep.Addr, st.hashes)
+}
+
+// publishEnd publishes how st's pick ended: committed to served, or dropped (served nil).
+func (pl *Plugin) publishEnd(st *state, served *router.Endpoint) {
+	id := st.peerID
+	st.peerID = 0
+	p := pl.peers.pub.Load()
+	if p == nil || id == 0 {
+		return
+	}
+	if served != nil {
+		(*p).Commit(id, served.Addr, st.hashes)
+	} else {
+		(*p).Drop(id)
 	}
 }
 

@@ -4,69 +4,95 @@ import (
 	"context"
 	"slices"
 	"testing"
-
-	"github.com/kvpick/kvpick/pkg/router"
 )
 
-// forward is a publisher that hands each commit to another replica's plugin at once.
+// forward is a publisher that hands each entry to another replica's plugin at once, and
+// records them.
 type forward struct {
 	to      *Plugin
+	log     []string // "pick 1", "commit 1", "drop 2"
 	applied []bool
 	hashes  [][]uint64
 }
 
-func (f *forward) Publish(addr string, hashes []uint64) {
-	f.hashes = append(f.hashes, slices.Clone(hashes))
-	f.applied = append(f.applied, f.to.ApplyPeerCommit(addr, hashes))
+func (f *forward) Pick(id uint64, addr string, hashes []uint64) {
+	f.log = append(f.log, "pick "+itoa(id))
+	f.to.ApplyPeerPick(7, id, addr, hashes)
 }
 
-// TestPeerCommitsReachTheOtherReplicasIndex: a replica publishes what its servers took (not
-// what failed), and another replica, whose pool lists the same servers as endpoints of its
-// own, then matches the prompt on the same server, by address; a commit for a server it does
-// not have, or no longer has, is not taken.
-func TestPeerCommitsReachTheOtherReplicasIndex(t *testing.T) {
+func (f *forward) Commit(id uint64, addr string, hashes []uint64) {
+	f.log = append(f.log, "commit "+itoa(id))
+	f.hashes = append(f.hashes, slices.Clone(hashes))
+	f.applied = append(f.applied, f.to.ApplyPeerCommit(7, id, addr, hashes))
+}
+
+func (f *forward) Drop(id uint64) {
+	f.log = append(f.log, "drop "+itoa(id))
+	f.to.ApplyPeerDrop(7, id)
+}
+
+func itoa(n uint64) string { return string(rune('0' + n)) }
+
+// TestPeerEntriesReachTheOtherReplica: a replica publishes each pick and how it ended (a
+// commit when its server took it, a drop when it failed), and another replica, whose pool
+// lists the same servers as endpoints of its own, matches the prompt on the same server by
+// address: as a pending record while the pick is open, in its index once committed, and not
+// at all once dropped; entries for servers it does not have, or no longer has, are not taken.
+func TestPeerEntriesReachTheOtherReplica(t *testing.T) {
 	a, b := testPlugin(t), testPlugin(t)
 	epsA, epsB := endpoints(3), endpoints(3)
 	a.EndpointsChanged(epsA, nil)
 	b.EndpointsChanged(epsB, nil)
 	fw := &forward{to: b}
-	a.PublishCommits(fw)
+	a.PublishTo(fw)
+	ctx := context.Background()
+	bScores := func(question string) []float64 {
+		next := chatRequest(t, longSystem, question)
+		b.Prepare(ctx, next)
+		return scores(b, next, epsB)
+	}
 
-	serve := func(pl *Plugin, eps []*router.Endpoint, on int, question string, status int) {
-		req := chatRequest(t, longSystem, question)
-		pl.Prepare(context.Background(), req)
-		pl.Picked(req, eps[on])
-		pl.ResponseHeaders(req, eps[on], status)
-		pl.Done(req, eps[on])
+	failed := chatRequest(t, longSystem, "failed question")
+	a.Prepare(ctx, failed)
+	a.Picked(failed, epsA[1])
+	if s := bScores("failed question"); s[1] != 1 || b.peerPendingCount() != 1 {
+		t.Fatalf("while the pick is open the other replica scores %v (%d peer picks), want it pending on 10.0.0.2", s, b.peerPendingCount())
 	}
-	serve(a, epsA, 2, "failed question", 500)
-	if len(fw.hashes) != 0 {
-		t.Fatalf("a failed request was published: %d commits", len(fw.hashes))
+	a.ResponseHeaders(failed, epsA[1], 500)
+	a.Done(failed, epsA[1])
+	if s := bScores("failed question"); s[1] != 0 || b.peerPendingCount() != 0 {
+		t.Fatalf("after the failure the other replica scores %v (%d peer picks)", s, b.peerPendingCount())
 	}
-	serve(a, epsA, 2, "the question", 200)
-	if len(fw.hashes) != 1 || !fw.applied[0] {
-		t.Fatalf("commits published %d, applied %v", len(fw.hashes), fw.applied)
+
+	ok := chatRequest(t, longSystem, "the question")
+	a.Prepare(ctx, ok)
+	a.Picked(ok, epsA[2])
+	a.ResponseHeaders(ok, epsA[2], 200)
+	a.Done(ok, epsA[2])
+	if s := bScores("the question"); s[2] != 1 || s[0] != 0 || s[1] != 0 || b.peerPendingCount() != 0 || !fw.applied[0] {
+		t.Fatalf("after the commit the other replica scores %v (%d peer picks), want the prompt on 10.0.0.3 only", s, b.peerPendingCount())
 	}
-	next := chatRequest(t, longSystem, "the question")
-	b.Prepare(context.Background(), next)
-	if s := scores(b, next, epsB); s[2] != 1 || s[0] != 0 || s[1] != 0 {
-		t.Fatalf("the other replica scores %v, want the prompt on its endpoint 10.0.0.3 only", s)
+	// A stream that ends before any answer: the pick is dropped.
+	gone := chatRequest(t, longSystem, "cancelled")
+	a.Prepare(ctx, gone)
+	a.Picked(gone, epsA[0])
+	a.Done(gone, epsA[0])
+	if want := []string{"pick 1", "drop 1", "pick 2", "commit 2", "pick 3", "drop 3"}; !slices.Equal(fw.log, want) {
+		t.Fatalf("published %v, want %v", fw.log, want)
 	}
-	// Commits the other way are not published: b has no publisher.
-	serve(b, epsB, 0, "b's own", 200)
-	if len(fw.hashes) != 1 {
-		t.Fatalf("b's commit reached a's publisher")
-	}
-	if b.ApplyPeerCommit("10.9.9.9:8000", fw.hashes[0]) {
-		t.Fatal("a commit for a server b does not have was taken")
+	if b.ApplyPeerCommit(7, 9, "10.9.9.9:8000", fw.hashes[0]) || b.ApplyPeerPick(7, 9, "10.9.9.9:8000", fw.hashes[0]) {
+		t.Fatal("an entry for a server b does not have was taken")
 	}
 	b.EndpointsChanged(nil, epsB[2:])
-	if b.ApplyPeerCommit(epsB[2].Addr, fw.hashes[0]) {
+	if b.ApplyPeerCommit(7, 9, epsB[2].Addr, fw.hashes[0]) {
 		t.Fatal("a commit for a removed server was taken")
 	}
-	a.PublishCommits(nil)
-	serve(a, epsA, 1, "after stopping", 200)
-	if len(fw.hashes) != 1 {
-		t.Fatal("a published after PublishCommits(nil)")
+	a.PublishTo(nil)
+	late := chatRequest(t, longSystem, "after stopping")
+	a.Prepare(ctx, late)
+	a.Picked(late, epsA[1])
+	a.Done(late, epsA[1])
+	if len(fw.log) != 6 {
+		t.Fatal("a published after PublishTo(nil)")
 	}
 }

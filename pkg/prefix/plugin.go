@@ -143,6 +143,7 @@ type state struct {
 	runLens   []int32          // leading blocks requests running there share, by slot (lazily, per Score)
 	runDone   bool             // runLens is computed for the last Score
 	resolved  bool             // committed or dropped
+	peerID    uint64           // the pick's number for the peers (0: none published)
 	streamed  bool             // the client asked for a stream: commit at the first byte
 	served    *router.Endpoint
 	// What was predicted for the picked endpoint, for the server's evidence (evidence.go).
@@ -330,6 +331,7 @@ func (pl *Plugin) Picked(req *router.Request, ep *router.Endpoint) {
 	now := pl.now()
 	st.pending = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
 	pl.pending.add(&st.pending, now)
+	pl.publishPick(st, ep)
 	if pl.runningWanted.Load() {
 		st.running = pendingRecord{hashes: st.hashes, ep: ep, seq: req.PickSeq}
 		pl.running.add(&st.running, now)
@@ -400,10 +402,11 @@ func (pl *Plugin) resolve(st *state, served *router.Endpoint, ok bool) {
 	st.resolved = true
 	pl.pending.remove(&st.pending)
 	if !ok || served == nil || len(st.hashes) == 0 {
+		pl.publishEnd(st, nil)
 		return
 	}
 	pl.index.InsertIf(served.Slot, st.hashes, func() bool { return !served.Removed() })
-	pl.published(served, st.hashes)
+	pl.publishEnd(st, served)
 }
 
 // Usage implements router.UsageObserver (calibrate.go, evidence.go).
@@ -438,6 +441,7 @@ func (pl *Plugin) Done(req *router.Request, _ *router.Endpoint) {
 	pl.pending.remove(&st.pending)
 	pl.running.remove(&st.running)
 	pl.untrack(st)
+	pl.publishEnd(st, nil) // a pick that neither committed nor failed: the stream ended first
 	req.Set(stateKey, nil)
 	st.pending, st.running = pendingRecord{}, pendingRecord{}
 	st.picked, st.served = nil, nil

@@ -158,7 +158,7 @@ func (pk *Picker) linkPeers(c config.Peers, plugs []router.Plugin, reg prometheu
 		return err
 	}
 	pk.Peers = poller
-	idx.PublishCommits(pk.PeerLog)
+	idx.PublishTo(pk.PeerLog)
 	return nil
 }
 
