@@ -40,6 +40,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kvpick/kvpick/internal/freeport"
 )
 
 // Environment variables.
@@ -212,7 +214,7 @@ func (c *Cluster) stop() error {
 }
 
 func (c *Cluster) startEtcd(ctx context.Context, assets string) error {
-	ports, err := freePorts(2)
+	ports, err := freeport.Loopback(2)
 	if err != nil {
 		return err
 	}
@@ -244,7 +246,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, assets string, extra []str
 	if err != nil {
 		return err
 	}
-	ports, err := freePorts(1)
+	ports, err := freeport.Loopback(1)
 	if err != nil {
 		return err
 	}
@@ -407,27 +409,6 @@ func (p *proc) stop() error {
 		<-p.done
 	}
 	return nil
-}
-
-// freePorts returns n distinct free loopback ports. Another process may take one before it is
-// used; the caller's start then fails with a clear error rather than hanging.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }
 
 // pki is the cluster's certificates: a CA, the API server's serving pair, an admin client pair

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kvpick/kvpick/internal/engine"
 	"github.com/kvpick/kvpick/internal/engine/servermetrics"
+	"github.com/kvpick/kvpick/internal/freeport"
 	"github.com/kvpick/kvpick/internal/progress"
 	"github.com/kvpick/kvpick/internal/promtext"
 )
@@ -645,7 +645,7 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 			var ports []int
 			var peerAddrs []string
 			if o.ShareCommits {
-				if ports, err = freePorts(n); err != nil {
+				if ports, err = freeport.Loopback(n); err != nil {
 					return nil, err
 				}
 				for _, p := range ports {
@@ -735,21 +735,6 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 		addPickerMetrics(s, before, after)
 	}
 	return s, nil
-}
-
-// freePorts returns n loopback ports free now (for pickers whose addresses must be known
-// before they start).
-func freePorts(n int) ([]int, error) {
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-		defer l.Close()
-	}
-	return out, nil
 }
 
 // scrapePickers scrapes every picker of a run: one page per replica (nil: the picker's

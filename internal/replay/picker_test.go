@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvpick/kvpick/config"
+	"github.com/kvpick/kvpick/internal/freeport"
 	"github.com/kvpick/kvpick/internal/promtext"
 )
 
@@ -671,7 +672,7 @@ func TestPickerReplicasShareTheirCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eps.Close() })
-	ports, err := freePorts(2)
+	ports, err := freeport.Loopback(2)
 	if err != nil {
 		t.Fatal(err)
 	}
