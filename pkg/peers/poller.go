@@ -165,7 +165,6 @@ func (p *Poller) resolve(ctx context.Context) []string {
 type peerState struct {
 	instance uint64 // 0 until the first answer
 	since    uint64
-	failing  bool
 }
 
 // follow polls one address until ctx ends or the address turns out to be this replica. After
@@ -182,17 +181,14 @@ func (p *Poller) follow(ctx context.Context, addr string) {
 			return
 		case err != nil && ctx.Err() == nil:
 			p.m.errors.Inc()
-			failures++
-			if !st.failing {
+			if failures++; failures == 1 {
 				p.o.Logger.Warn("peer commit log unreachable", zap.String("peer", addr), zap.Error(err))
-				st.failing = true
 			}
 		case err == nil:
-			failures = 0
-			if st.failing {
+			if failures > 0 {
 				p.o.Logger.Info("peer commit log reachable again", zap.String("peer", addr))
-				st.failing = false
 			}
+			failures = 0
 		}
 		if more && err == nil {
 			continue
