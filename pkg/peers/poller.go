@@ -71,17 +71,20 @@ func NewPoller(o Options) (*Poller, error) {
 		}
 	}
 	p := &Poller{o: o, client: &http.Client{Timeout: o.Timeout}, lookup: net.DefaultResolver.LookupHost}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
 	p.m = metrics{
-		applied: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_commits_applied_total",
-			Help: "Commits other picker replicas published that this replica's prefix index took."}),
-		picks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_picks_applied_total",
-			Help: "Picks other picker replicas published that became pending records here until their commit or drop."}),
-		skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_entries_skipped_total",
-			Help: "Peer picks and commits for an endpoint this replica does not have."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_poll_errors_total",
-			Help: "Polls of a peer's commit log that failed (unreachable, timeout, garbage)."}),
-		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvpick_peer_log_gaps_total",
-			Help: "Polls that found commits dropped from a peer's log before this replica read them."}),
+		applied: counter("kvpick_peer_commits_applied_total",
+			"Commits other picker replicas published that this replica's prefix index took."),
+		picks: counter("kvpick_peer_picks_applied_total",
+			"Picks other picker replicas published that became pending records here until their commit or drop."),
+		skipped: counter("kvpick_peer_entries_skipped_total",
+			"Peer picks and commits for an endpoint this replica does not have."),
+		errors: counter("kvpick_peer_poll_errors_total",
+			"Polls of a peer's commit log that failed (unreachable, timeout, garbage)."),
+		gaps: counter("kvpick_peer_log_gaps_total",
+			"Polls that found commits dropped from a peer's log before this replica read them."),
 		followed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvpick_peer_addresses",
 			Help: "Addresses the configured peers resolve to (this replica's own among them when listed; it is not polled once recognised)."}),
 	}
