@@ -149,13 +149,20 @@ func FuzzDecode(f *testing.F) {
 	l.Commit(10, "10.0.0.1:8000", []uint64{1, 2})
 	f.Add(l.appendAnswer(nil, 0))
 	f.Add([]byte("KVPC"))
+	k := NewLog(0)
+	k.Pick(1, "10.0.0.1:8000", []uint64{1})
+	k.Drop(1)
+	f.Add(k.appendAnswer(nil, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := decode(b)
 		if err != nil {
 			return
 		}
 		for _, e := range a.entries {
-			if len(e.hashes) == 0 || len(e.addr) > 255 {
+			// A pick or commit names an endpoint's blocks; a drop names nothing.
+			drop := e.kind == KindDrop
+			if drop != (len(e.hashes) == 0) || (drop && e.addr != "") || len(e.addr) > 255 ||
+				(e.kind != KindPick && e.kind != KindCommit && !drop) {
 				t.Fatalf("accepted entry %+v", e)
 			}
 		}
