@@ -9,7 +9,10 @@
 // index on the response path) or dropped (the request failed or ended first) — and serves it
 // on its metrics port (GET /peer/commits?since=N); every replica polls its peers' logs and
 // applies their entries to its own index and pending records, as if it had routed the
-// requests. In-flight counts, prefill charges and learned capacities stay each replica's own. Entries carry the
+// requests. A peer's pick also counts as a pick of its endpoint there (what the scrape has not
+// seen yet) and, with the prefill scorer, as prefill work queued there until its commit or drop,
+// so that replicas which see the same scraped state do not send their prefills to the same
+// endpoints in pairs. In-flight counts and learned capacities stay each replica's own. Entries carry the
 // endpoint's address, so replicas whose pools list the same servers agree on them; an entry for
 // an endpoint a replica does not have is skipped.
 package peers

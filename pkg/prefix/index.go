@@ -678,6 +678,24 @@ func (x *Index) Len(slot int) int {
 	return x.eps[slot].n
 }
 
+// MatchSlot is the number of leading blocks of hashes that endpoint slot holds.
+func (x *Index) MatchSlot(slot int, hashes []uint64) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if slot >= len(x.eps) || x.eps[slot] == nil {
+		return 0
+	}
+	l := x.eps[slot]
+	n := 0
+	for _, h := range hashes {
+		if _, ok := l.byHash.get(h); !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 // Match writes into lens[slot], for every endpoint slot that holds the first block, the number
 // of leading blocks of hashes that the endpoint holds (keeping a larger value already there).
 // lens must have room for every slot in the index.

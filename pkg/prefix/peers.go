@@ -25,8 +25,28 @@ const maxPeerPending = 1 << 16
 type peerKey struct{ peer, id uint64 }
 
 type peerPending struct {
-	rec *pendingRecord
-	at  time.Time
+	rec  *pendingRecord
+	at   time.Time
+	pick *PeerPick // told to the observers (nil: none)
+}
+
+// PeerPick is another replica's pick as this replica applies it: the endpoint, the pick's
+// number there (counted here, in the order the picks reach this replica: Endpoint.CountPeerPick)
+// and the prompt blocks the endpoint neither held nor was about to hold (index and pending
+// records) when it was applied — the prefill work the pick brings there, as this replica sees it.
+type PeerPick struct {
+	Endpoint *router.Endpoint
+	Seq      int64
+	Uncached int
+}
+
+// PeerObserver is told of the other replicas' picks (the prefill scorer counts them in its
+// queue estimate): PeerPicked when one is applied, then exactly one PeerEnded with the same
+// pointer — committed when its server took the request (its prefill is over), not when it was
+// dropped or expired (pendingTTL).
+type PeerObserver interface {
+	PeerPicked(p *PeerPick)
+	PeerEnded(p *PeerPick, committed bool)
 }
 
 // peerLink is the plugin's side of sharing with the other active replicas (pkg/peers): the
@@ -38,8 +58,33 @@ type peerLink struct {
 	mu     sync.RWMutex
 	byAddr map[string]*router.Endpoint
 
+	obs atomic.Pointer[[]PeerObserver]
+
 	pmu     sync.Mutex
 	pending map[peerKey]peerPending
+	swept   time.Time // when the expired peer picks were last dropped
+}
+
+// ObservePeers adds o to the observers of the peers' picks (before the first is applied).
+func (pl *Plugin) ObservePeers(o PeerObserver) {
+	for {
+		old := pl.peers.obs.Load()
+		var next []PeerObserver
+		if old != nil {
+			next = append(next, *old...)
+		}
+		next = append(next, o)
+		if pl.peers.obs.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
+
+func (pl *Plugin) peerObservers() []PeerObserver {
+	if o := pl.peers.obs.Load(); o != nil {
+		return *o
+	}
+	return nil
 }
 
 // PublishTo sends every later pick, commit and drop to pub as well; nil stops it.
@@ -62,44 +107,83 @@ func (pl *Plugin) clip(hashes []uint64) []uint64 {
 }
 
 // ApplyPeerPick records another replica's pick as a pending record on the endpoint at addr,
-// as this replica's own picks are, until the commit or drop that ends it (or pendingTTL). It
-// reports false when the pool has no such endpoint.
+// as this replica's own picks are, until the commit or drop that ends it (or pendingTTL), and
+// tells the PeerObservers. It reports false when the pool has no such endpoint.
 func (pl *Plugin) ApplyPeerPick(peer, id uint64, addr string, hashes []uint64) bool {
 	ep := pl.endpointAt(addr)
 	if ep == nil || len(hashes) == 0 {
 		return false
 	}
+	hashes = pl.clip(hashes)
 	now := pl.now()
+	obs := pl.peerObservers()
+	var ended []peerPending
+	defer func() { pl.tellEnded(ended, false) }()
 	l := &pl.peers
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
 	if l.pending == nil {
 		l.pending = map[peerKey]peerPending{}
 	}
-	if len(l.pending) >= maxPeerPending {
-		ttl := pl.p.PendingTTL.D()
+	// Expired picks (a peer that stopped publishing: it crashed) go every pendingTTL, or at
+	// once when the map is full.
+	ttl := pl.p.PendingTTL.D()
+	if len(l.pending) >= maxPeerPending || now.Sub(l.swept) > ttl {
+		l.swept = now
 		for k, v := range l.pending {
 			if now.Sub(v.at) > ttl {
 				pl.pending.remove(v.rec)
 				delete(l.pending, k)
+				ended = append(ended, v)
 			}
 		}
 		if len(l.pending) >= maxPeerPending {
 			return true // full of live picks: this one is not remembered
 		}
 	}
-	// No pick number of this replica's: a peer's request never counts as past its prefill.
-	rec := &pendingRecord{hashes: pl.clip(hashes), ep: ep, seq: math.MaxInt64}
+	// Without observers no pick number of this replica's: a peer's request never counts as
+	// past its prefill, nothing would tell.
+	rec := &pendingRecord{hashes: hashes, ep: ep, seq: math.MaxInt64}
+	v := peerPending{rec: rec, at: now}
+	if len(obs) > 0 {
+		v.pick = &PeerPick{Endpoint: ep, Uncached: len(hashes) - pl.heldOn(ep, hashes, now)}
+		v.pick.Seq = ep.CountPeerPick()
+		rec.seq = v.pick.Seq
+		for _, o := range obs {
+			o.PeerPicked(v.pick)
+		}
+	}
 	pl.pending.add(rec, now)
-	l.pending[peerKey{peer, id}] = peerPending{rec: rec, at: now}
+	l.pending[peerKey{peer, id}] = v
 	return true
+}
+
+// heldOn is how many leading blocks of hashes ep holds or is about to hold (index, pending
+// records).
+func (pl *Plugin) heldOn(ep *router.Endpoint, hashes []uint64, now time.Time) int {
+	n := pl.index.MatchSlot(ep.Slot, hashes)
+	lens := make([]int32, ep.Slot+1)
+	pl.pending.match(hashes, now, lens, nil, nil, 0)
+	return max(n, int(lens[ep.Slot]))
+}
+
+// tellEnded tells the observers that the peers' picks vs ended.
+func (pl *Plugin) tellEnded(vs []peerPending, committed bool) {
+	for _, v := range vs {
+		if v.pick == nil {
+			continue
+		}
+		for _, o := range pl.peerObservers() {
+			o.PeerEnded(v.pick, committed)
+		}
+	}
 }
 
 // ApplyPeerCommit ends the peer's pick id and commits hashes to the endpoint at addr, as if
 // this replica had routed the request there and seen it served. It reports false when the pool
 // has no such endpoint.
 func (pl *Plugin) ApplyPeerCommit(peer, id uint64, addr string, hashes []uint64) bool {
-	pl.ApplyPeerDrop(peer, id)
+	pl.endPeerPick(peer, id, true)
 	ep := pl.endpointAt(addr)
 	if ep == nil || len(hashes) == 0 {
 		return false
@@ -109,7 +193,9 @@ func (pl *Plugin) ApplyPeerCommit(peer, id uint64, addr string, hashes []uint64)
 }
 
 // ApplyPeerDrop ends the peer's pick id: its pending record goes.
-func (pl *Plugin) ApplyPeerDrop(peer, id uint64) {
+func (pl *Plugin) ApplyPeerDrop(peer, id uint64) { pl.endPeerPick(peer, id, false) }
+
+func (pl *Plugin) endPeerPick(peer, id uint64, committed bool) {
 	l := &pl.peers
 	l.pmu.Lock()
 	v, ok := l.pending[peerKey{peer, id}]
@@ -117,6 +203,7 @@ func (pl *Plugin) ApplyPeerDrop(peer, id uint64) {
 	l.pmu.Unlock()
 	if ok {
 		pl.pending.remove(v.rec)
+		pl.tellEnded([]peerPending{v}, committed)
 	}
 }
 

@@ -2,8 +2,11 @@ package prefix
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // forward is a publisher that hands each entry to another replica's plugin at once, and
@@ -94,5 +97,85 @@ func TestPeerEntriesReachTheOtherReplica(t *testing.T) {
 	a.Done(late, epsA[1])
 	if len(fw.log) != 6 {
 		t.Fatal("a published after PublishTo(nil)")
+	}
+}
+
+// peerObserver records what a PeerObserver is told.
+type peerObserver struct {
+	log   []string
+	picks map[*PeerPick]bool // open
+}
+
+func (o *peerObserver) PeerPicked(p *PeerPick) {
+	if o.picks == nil {
+		o.picks = map[*PeerPick]bool{}
+	}
+	o.picks[p] = true
+	o.log = append(o.log, fmt.Sprintf("pick %s seq %d uncached %d", p.Endpoint.Addr, p.Seq, p.Uncached))
+}
+
+func (o *peerObserver) PeerEnded(p *PeerPick, committed bool) {
+	if !o.picks[p] {
+		o.log = append(o.log, "end of an unknown or ended pick")
+	}
+	delete(o.picks, p)
+	o.log = append(o.log, fmt.Sprintf("end %s seq %d committed %v", p.Endpoint.Addr, p.Seq, committed))
+}
+
+// TestPeerPicksAreToldToTheObservers: each peer pick applied is counted as a pick of its
+// endpoint (after this replica's own) and told to the observers with the blocks the endpoint
+// does not hold yet — none of a prompt it holds, the rest of one it holds the start of, the
+// part beyond another peer pick's pending record — then ended exactly once: committed, dropped,
+// or expired when its peer goes quiet.
+func TestPeerPicksAreToldToTheObservers(t *testing.T) {
+	pl, eps := testPlugin(t), endpoints(2)
+	pl.EndpointsChanged(eps, nil)
+	now := time.Unix(5000, 0)
+	pl.now = func() time.Time { return now }
+	o := &peerObserver{}
+	pl.ObservePeers(o)
+	ctx := context.Background()
+	hashesOf := func(turns ...string) []uint64 {
+		r := chatRequest(t, longSystem, turns...)
+		pl.Prepare(ctx, r)
+		return slices.Clone(pl.state(r).hashes)
+	}
+	short, long := hashesOf("q1"), hashesOf("q1", "a follow-up question long enough to add a block or two of its own to the prompt")
+	if len(long) <= len(short) || commonPrefix(short, long) == 0 {
+		t.Fatalf("test prompts: %d and %d blocks, %d shared", len(short), len(long), commonPrefix(short, long))
+	}
+	own := hashesOf("own")
+	pl.Index().Insert(1, own) // endpoint 2 holds "own"
+
+	pl.ApplyPeerPick(7, 1, eps[0].Addr, short)   // nothing held
+	pl.ApplyPeerPick(7, 2, eps[0].Addr, long)    // short's blocks pending there
+	pl.ApplyPeerPick(8, 1, eps[1].Addr, own)     // all held
+	pl.ApplyPeerCommit(7, 1, eps[0].Addr, short) // short is in the cache
+	pl.ApplyPeerDrop(8, 1)                       // dropped
+	pl.ApplyPeerDrop(8, 99)                      // never picked: nothing to end
+	shared := commonPrefix(short, long)
+	want := []string{
+		fmt.Sprintf("pick %s seq 1 uncached %d", eps[0].Addr, len(short)),
+		fmt.Sprintf("pick %s seq 2 uncached %d", eps[0].Addr, len(long)-shared),
+		fmt.Sprintf("pick %s seq 1 uncached 0", eps[1].Addr),
+		fmt.Sprintf("end %s seq 1 committed true", eps[0].Addr),
+		fmt.Sprintf("end %s seq 1 committed false", eps[1].Addr),
+	}
+	if !slices.Equal(o.log, want) {
+		t.Fatalf("observer was told\n%s\nwant\n%s", strings.Join(o.log, "\n"), strings.Join(want, "\n"))
+	}
+	if eps[0].Picks() != 2 || eps[1].Picks() != 1 {
+		t.Fatalf("picks counted %d and %d, want 2 and 1", eps[0].Picks(), eps[1].Picks())
+	}
+	// The peer goes quiet: its open pick expires with pendingTTL, at the next pick applied.
+	o.log = nil
+	now = now.Add(2 * time.Minute)
+	pl.ApplyPeerPick(9, 1, eps[1].Addr, own)
+	want = []string{
+		fmt.Sprintf("pick %s seq 2 uncached 0", eps[1].Addr),
+		fmt.Sprintf("end %s seq 2 committed false", eps[0].Addr),
+	}
+	if !slices.Equal(o.log, want) || len(o.picks) != 1 || pl.peerPendingCount() != 1 {
+		t.Fatalf("after the TTL the observer was told\n%s\nwant\n%s (%d open)", strings.Join(o.log, "\n"), strings.Join(want, "\n"), len(o.picks))
 	}
 }

@@ -44,13 +44,19 @@ func (e *Endpoint) InFlight() int64 { return e.inflight.Load() }
 // AddInFlight moves the in-flight count; the pipeline calls it at pick (+1) and stream end (-1).
 func (e *Endpoint) AddInFlight(d int64) { e.inflight.Add(d) }
 
-// Picks counts the requests ever routed to the endpoint. A metrics scrape records it when it is
+// Picks counts the requests ever routed to the endpoint (by this replica, and by the others
+// it learnt of: CountPeerPick). A metrics scrape records it when it is
 // sent (Metrics.PicksAtScrape), so that plugins can tell the picks the scrape cannot reflect yet.
 func (e *Endpoint) Picks() int64 { return e.picks.Load() }
 
 // countPick is called by the pipeline once per request routed to the endpoint; it returns the
 // request's pick number there (1, 2, ...): the order in which the server will see them.
 func (e *Endpoint) countPick() int64 { return e.picks.Add(1) }
+
+// CountPeerPick counts a request another active picker replica routed to the endpoint, when
+// this replica learns of it (pkg/peers), and returns its pick number here: the scrape and
+// the plugins then see it as they see this replica's own picks, in the order they learnt them.
+func (e *Endpoint) CountPeerPick() int64 { return e.picks.Add(1) }
 
 // Load is the number of requests the endpoint is working on or queueing, as well as the picker
 // can tell at now: its own in-flight count (exact for one picker replica, from pick to stream

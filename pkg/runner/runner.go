@@ -73,6 +73,9 @@ type Picker struct {
 	// (config peers); nil when no peers are configured. Run serves the log and starts Peers.
 	PeerLog *peers.Log
 	Peers   *peers.Poller
+	// PeerSink is what Peers applies the other replicas' entries to (the prefix plugin, which
+	// tells the prefill scorer of their picks); nil without peers.
+	PeerSink peers.Sink
 }
 
 // Build assembles the pool, the plugins, the pipeline and the ext_proc server from cfg, and
@@ -157,7 +160,12 @@ func (pk *Picker) linkPeers(c config.Peers, plugs []router.Plugin, reg prometheu
 	if err != nil {
 		return err
 	}
-	pk.Peers = poller
+	pk.Peers, pk.PeerSink = poller, idx
+	for _, pl := range plugs {
+		if o, ok := pl.(prefix.PeerObserver); ok {
+			idx.ObservePeers(o)
+		}
+	}
 	idx.PublishTo(pk.PeerLog)
 	return nil
 }

@@ -177,6 +177,17 @@ func TestPeersNeedThePrefixIndex(t *testing.T) {
 	if pk, err = Build(cfg, zap.NewNop()); err != nil || pk.PeerLog == nil || pk.Peers == nil {
 		t.Fatalf("peers: err %v", err)
 	}
+	// The default plugins: a peer's pick there is counted and charged to the endpoint's
+	// prefill queue (the prefill scorer observes the index's peer picks) until it ends.
+	pk.Pool.Set([]string{"10.0.0.1:8000", "10.0.0.2:8000"})
+	ep := pk.Pool.Lookup("10.0.0.2:8000")
+	if !pk.PeerSink.ApplyPeerPick(3, 1, ep.Addr, []uint64{11, 12, 13}) || ep.Picks() != 1 || ep.QueuedPrefill() <= 3 {
+		t.Fatalf("a peer's pick of 3 uncached blocks: %d picks, %d blocks queued", ep.Picks(), ep.QueuedPrefill())
+	}
+	pk.PeerSink.ApplyPeerCommit(3, 1, ep.Addr, []uint64{11, 12, 13})
+	if ep.QueuedPrefill() != 0 {
+		t.Fatalf("%d blocks queued after the peer's commit", ep.QueuedPrefill())
+	}
 	cfg.Plugins = []config.Plugin{{Name: "inflight-scorer"}, {Name: "max-score-picker"}}
 	if _, err := Build(cfg, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "prefix-scorer") {
 		t.Fatalf("peers without the prefix index: err %v", err)

@@ -29,6 +29,10 @@
 //     the mean work per request, while the scrape is fresh: the signal that several replicas
 //     share.
 //
+// With active picker replicas sharing their picks (pkg/peers), the other replicas' picks are
+// charged too, from when this replica learns of them (a poll interval late) until their
+// commit or drop, and count among the requests a later scrape could see.
+//
 // So the estimate holds for streamed, non-streamed and mixed traffic, needs no clock, and
 // degrades to the picker's own accounting when the servers export no metrics or the metrics
 // are stale. Without metrics and with non-streamed traffic only, a charge lasts until a later
@@ -82,6 +86,7 @@ type Scorer struct {
 	queues  map[*router.Endpoint]*queue // outstanding charges per endpoint, in pick order
 	avgWork float64                     // mean charge per request (blocks), decayed
 	nWork   int                         // picks averaged so far, until the decay takes over
+	peers   map[*prefix.PeerPick]*charge
 }
 
 // queue is one endpoint's outstanding charges in pick order; discharged ones stay until they
@@ -105,6 +110,7 @@ var (
 	_ router.DoneObserver      = (*Scorer)(nil)
 	_ router.MetricsObserver   = (*Scorer)(nil)
 	_ router.PoolListener      = (*Scorer)(nil)
+	_ prefix.PeerObserver      = (*Scorer)(nil)
 )
 
 var stateKey = router.NewStateKey(Name)
@@ -131,7 +137,7 @@ func New(p Params) (*Scorer, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Scorer{p: p, queues: map[*router.Endpoint]*queue{}}, nil
+	return &Scorer{p: p, queues: map[*router.Endpoint]*queue{}, peers: map[*prefix.PeerPick]*charge{}}, nil
 }
 
 // Name implements router.Plugin.
@@ -198,8 +204,47 @@ func (s *Scorer) Picked(req *router.Request, ep *router.Endpoint) {
 	m := prefix.MatchesOf(req)
 	n := s.work(&m, ep)
 	c := &charge{ep: ep, blocks: n, seq: req.PickSeq, streamed: req.Body != nil && req.Body.Stream}
+	s.enqueue(c)
+	req.Set(stateKey, c)
+}
+
+// PeerPicked charges the endpoint with another replica's pick (pkg/peers), as if this replica
+// had made it when it learnt of it: the replicas then see each other's prefills queued, not
+// only what the next scrape shows (two replicas with the same view would otherwise send
+// their prefills to the same endpoints in pairs). Its end, or the scrape's counts, pay it back.
+func (s *Scorer) PeerPicked(p *prefix.PeerPick) {
+	c := &charge{ep: p.Endpoint, blocks: int64(p.Uncached + s.p.RequestOverheadBlocks), seq: p.Seq, streamed: true}
+	s.enqueue(c)
+	s.mu.Lock()
+	s.peers[p] = c
+	s.mu.Unlock()
+}
+
+// PeerEnded pays back a peer's pick: committed, its prefill is over (its first token, or the
+// whole answer of a request that does not stream); dropped, it is not coming. Not the
+// requests picked before it: the picks of two replicas reach each other late, so the order
+// between them is not the servers'.
+func (s *Scorer) PeerEnded(p *prefix.PeerPick, committed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.peers[p]
+	delete(s.peers, p)
+	if c == nil || !s.payLocked(c) {
+		return // paid already (the scrape's counts, or a later request's first byte)
+	}
+	q := s.queues[c.ep]
+	if committed {
+		q.known++
+	}
+	s.advanceLocked(c.ep, q)
+}
+
+// enqueue adds c to its endpoint's queue.
+func (s *Scorer) enqueue(c *charge) {
+	ep, n := c.ep, c.blocks
 	ep.AddQueuedPrefill(n)
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	// A plain mean over the first picks, then a decayed one.
 	s.nWork = min(s.nWork+1, 1/avgWorkDecay)
 	s.avgWork += (float64(n) - s.avgWork) / float64(s.nWork)
@@ -213,8 +258,6 @@ func (s *Scorer) Picked(req *router.Request, ep *router.Endpoint) {
 	if len(q.charges)-q.start == 1 {
 		ep.SetPrefillHead(n)
 	}
-	s.mu.Unlock()
-	req.Set(stateKey, c)
 }
 
 // ResponseHeaders discharges a failed request, and a successful one that does not stream: its

@@ -492,3 +492,78 @@ func TestTheServersFirstTokenCountSettlesNonStreamedRequests(t *testing.T) {
 		t.Fatalf("queue %d after every stream ended", q)
 	}
 }
+
+// blocksOf returns n made-up chained block hashes starting at first.
+func blocksOf(first uint64, n int) []uint64 {
+	h := make([]uint64, n)
+	for i := range h {
+		h[i] = first + uint64(i)
+	}
+	return h
+}
+
+// TestOtherReplicasPicksAreQueuedHere: with active replicas, each one's picks reach the others
+// (pkg/peers, through the prefix plugin) and are charged there as if made there: the endpoint
+// looks as busy as it is before any scrape shows it; the pick's end pays the charge back once,
+// whichever comes first of its end, this replica's later first byte there, or a scrape; and
+// a scrape counts the peers' picks as seen, not as external work on top of their charge.
+func TestOtherReplicasPicksAreQueuedHere(t *testing.T) {
+	px, pf, eps, _ := setup(t)
+	px.EndpointsChanged(eps, nil)
+	px.ObservePeers(pf)
+	ctx := context.Background()
+	unrelated := func() []float64 {
+		s := make([]float64, 2)
+		pf.Score(ctx, &router.Request{API: openai.APIOther, Now: time.Now()}, eps, s)
+		return s
+	}
+
+	px.ApplyPeerPick(7, 1, eps[1].Addr, blocksOf(100, 40))
+	if q := eps[1].QueuedPrefill(); q != 40+2 {
+		t.Fatalf("queue %d on the peer's endpoint, want its 40 uncached blocks and the overhead of 2", q)
+	}
+	if s := unrelated(); s[0] <= s[1] {
+		t.Fatalf("scores %v: the endpoint with the peer's prefill queued must cost more", s)
+	}
+	px.ApplyPeerCommit(7, 1, eps[1].Addr, blocksOf(100, 40))
+	if q := eps[1].QueuedPrefill(); q != 0 {
+		t.Fatalf("queue %d after the peer's commit, want 0", q)
+	}
+
+	// A peer's pick, then one of this replica's own there: the own request's first token
+	// proves the peer's prefill (picked before it) over too.
+	px.ApplyPeerPick(7, 2, eps[1].Addr, blocksOf(200, 10))
+	var pk picker
+	pk.seq = map[*router.Endpoint]int64{eps[1]: eps[1].Picks()}
+	own := &router.Request{API: openai.APIOther}
+	pk.pick(pf, own, eps[1])
+	pf.FirstByte(own, eps[1])
+	if q := eps[1].QueuedPrefill(); q != 0 {
+		t.Fatalf("queue %d after a later own first byte, want 0", q)
+	}
+	px.ApplyPeerDrop(7, 2) // its end, late: nothing left to pay
+	pf.Done(own, eps[1])
+	if q := eps[1].QueuedPrefill(); q != 0 {
+		t.Fatalf("queue %d after the peer's late drop, want 0 (paid twice?)", q)
+	}
+
+	// Five peer picks; a scrape sent after them shows one waiting: of the five it saw, all but
+	// the newest three (one waiting, two partly prefilled) are paid, and nothing counts as
+	// external work.
+	for id := range uint64(5) {
+		px.ApplyPeerPick(8, id, eps[0].Addr, blocksOf(1000*(id+1), 10))
+	}
+	now := time.Now()
+	m := &router.Metrics{Waiting: 1, HasQueue: true, PicksAtScrape: eps[0].Picks(), ScrapedAt: now, StaleAt: now.Add(time.Hour)}
+	eps[0].SetMetrics(m)
+	pf.MetricsUpdated(eps[0], m)
+	if q, ext := eps[0].QueuedPrefill(), eps[0].ExternalPrefill(); q != 3*12 || ext != 0 {
+		t.Fatalf("after the scrape queue %d, external %d; want the newest 3 peer picks (36 blocks) and no external work", q, ext)
+	}
+	for id := range uint64(5) {
+		px.ApplyPeerDrop(8, id)
+	}
+	if q := eps[0].QueuedPrefill(); q != 0 {
+		t.Fatalf("queue %d after every peer pick ended, want 0", q)
+	}
+}
