@@ -62,6 +62,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{"not YAML", "extProc: [\n", "not valid YAML"},
 		{"peer without a port", "peers:\n  addresses: [kvpick-peers]\n", "peers.addresses"},
 		{"peers polled never", "peers:\n  addresses: ['a:1']\n  interval: 0s\n", "peers.interval"},
+		{"peers wait longer than a poll may", "peers:\n  addresses: ['a:1']\n  wait: 2s\n", "peers.wait"},
 		{"peers' log holds nothing", "peers:\n  addresses: ['a:1']\n  logBlocks: 0\n", "peers.logBlocks"},
 	}
 	for _, tc := range tests {

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"time"
 )
 
 // Shutdown configures how the picker stops (SIGTERM): readiness goes NOT_SERVING at once, new
@@ -24,8 +25,11 @@ type Peers struct {
 	// Addresses are the replicas' metrics addresses, "host:port"; a host name is resolved
 	// every ResolveInterval and each of its addresses followed (a headless Service gives every
 	// replica). This replica's own address may be listed: it is recognised and skipped.
-	Addresses       []string `json:"addresses,omitempty"`
-	Interval        Duration `json:"interval"`
+	Addresses []string `json:"addresses,omitempty"`
+	Interval  Duration `json:"interval"`
+	// Wait is how long a poll may wait at the peer for its next entry (a long poll), at most
+	// 1s (pkg/peers.MaxWait); 0 polls every Interval.
+	Wait            Duration `json:"wait"`
 	Timeout         Duration `json:"timeout"`
 	ResolveInterval Duration `json:"resolveInterval"`
 	// LogBlocks bounds the commits a replica keeps for its peers, in block hashes (8 bytes).
@@ -61,6 +65,8 @@ func (c *Config) validateProcess() error {
 		switch {
 		case p.Interval <= 0:
 			return fmt.Errorf("peers.interval %v: want more than 0", p.Interval.D())
+		case p.Wait < 0 || p.Wait.D() > time.Second:
+			return fmt.Errorf("peers.wait %v: want 0 to 1s", p.Wait.D())
 		case p.Timeout <= 0:
 			return fmt.Errorf("peers.timeout %v: want more than 0", p.Timeout.D())
 		case p.ResolveInterval <= 0:

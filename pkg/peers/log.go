@@ -76,6 +76,7 @@ type Log struct {
 	start   int
 	next    uint64
 	blocks  int
+	wake    chan struct{} // closed at the next entry; nil while no poll waits for one
 }
 
 // NewLog returns an empty log holding at most maxBlocks block hashes (≤ 0: DefaultLogBlocks).
@@ -117,6 +118,10 @@ func (l *Log) publish(kind byte, id uint64, addr string, hashes []uint64) {
 	defer l.mu.Unlock()
 	e.seq = l.next
 	l.next++
+	if l.wake != nil {
+		close(l.wake)
+		l.wake = nil
+	}
 	l.entries = append(l.entries, e)
 	l.blocks += len(e.hashes)
 	for l.blocks > l.maxBlocks && l.start < len(l.entries)-1 {
@@ -131,6 +136,22 @@ func (l *Log) publish(kind byte, id uint64, addr string, hashes []uint64) {
 		l.start = 0
 	}
 }
+
+// waitFor returns a channel closed once the log holds an entry numbered since or later (at
+// once if it does).
+func (l *Log) waitFor(since uint64) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.next > since {
+		return closed
+	}
+	if l.wake == nil {
+		l.wake = make(chan struct{})
+	}
+	return l.wake
+}
+
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // appendAnswer appends the answer to a poll for the entries from since on to dst. The entries
 // are picked under the lock and encoded after it (their hashes never change once published),

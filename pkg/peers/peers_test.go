@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"encoding/binary"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -335,5 +336,88 @@ func TestFailingPeersArePolledLessOften(t *testing.T) {
 		if got := backoff(tc.interval, tc.failures); got != tc.want {
 			t.Errorf("backoff(%v, %d) = %v, want %v", tc.interval, tc.failures, got, tc.want)
 		}
+	}
+}
+
+// TestALongPollAnswersWithTheNextEntry: a poll with wait that finds nothing new is held until
+// the log's next entry, and answered with it; one that waits in vain is answered empty.
+func TestALongPollAnswersWithTheNextEntry(t *testing.T) {
+	l := NewLog(0)
+	l.Commit(1, "10.0.0.1:8000", []uint64{1})
+	srv := httptest.NewServer(l.Handler())
+	defer srv.Close()
+	type result struct {
+		a   *answer
+		err error
+	}
+	get := func(query string) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			resp, err := http.Get(srv.URL + Path + query)
+			if err != nil {
+				ch <- result{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				ch <- result{err: err}
+				return
+			}
+			a, err := decode(b)
+			ch <- result{a, err}
+		}()
+		return ch
+	}
+	held := get("?since=1&wait=1000")
+	eventually(t, "the poll waiting for an entry", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return l.wake != nil })
+	l.Pick(2, "10.0.0.2:8000", []uint64{2})
+	r := <-held
+	if r.err != nil || len(r.a.entries) != 1 || r.a.entries[0].id != 2 || r.a.entries[0].kind != KindPick {
+		t.Fatalf("held poll answered %+v, %v; want the pick published while it waited", r.a, r.err)
+	}
+	r = <-get("?since=2&wait=10")
+	if r.err != nil || len(r.a.entries) != 0 || r.a.next != 2 {
+		t.Fatalf("a poll that waited in vain answered %+v, %v; want no entries", r.a, r.err)
+	}
+	r = <-get("?since=0&wait=1000") // entries there already: answered at once
+	if r.err != nil || len(r.a.entries) != 2 {
+		t.Fatalf("a poll with entries to read answered %+v, %v", r.a, r.err)
+	}
+	resp, err := http.Get(srv.URL + Path + "?since=0&wait=soon")
+	if err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a bad wait: %v %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+}
+
+// TestLongPollsBringEntriesBeforeTheNextInterval: with Wait, a follower whose Interval is an
+// hour still takes a peer's entry as it is published: its polls wait at the peer, one after
+// another while they wait in vain.
+func TestLongPollsBringEntriesBeforeTheNextInterval(t *testing.T) {
+	peer := NewLog(0)
+	var polls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		polls.Add(1)
+		peer.Handler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	s := &sink{known: map[string]bool{"10.0.0.1:8000": true}, got: map[string][][]uint64{}}
+	p, err := NewPoller(Options{Peers: []string{strings.TrimPrefix(srv.URL, "http://")}, Interval: time.Hour,
+		Wait: 50 * time.Millisecond, Timeout: time.Second, ResolveInterval: time.Hour, Log: NewLog(0), Sink: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// The first poll, then long polls that wait in vain, each followed by the next at once.
+	eventually(t, "three polls", func() bool { return polls.Load() >= 3 })
+	peer.Commit(1, "10.0.0.1:8000", []uint64{1})
+	eventually(t, "the commit applied", func() bool { return s.count("10.0.0.1:8000") == 1 })
+	if _, err := NewPoller(Options{Peers: []string{"a:1"}, Interval: time.Hour, Wait: 2 * MaxWait, Timeout: time.Second,
+		ResolveInterval: time.Hour, Log: NewLog(0), Sink: s}); err == nil {
+		t.Fatal("a wait beyond MaxWait was taken")
 	}
 }

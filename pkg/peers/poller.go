@@ -33,12 +33,17 @@ type Options struct {
 	// them (it is recognised by its log's instance and skipped).
 	Peers []string
 	// Interval between two polls of a peer (more at once while a peer has more to send);
-	// Timeout bounds one poll.
+	// Timeout bounds one poll, beyond its Wait.
 	Interval, Timeout, ResolveInterval time.Duration
-	Log                                *Log
-	Sink                               Sink
-	Logger                             *zap.Logger
-	Registerer                         prometheus.Registerer
+	// Wait, when positive, is how long a poll waits at the peer for an entry when it has none
+	// (a long poll: an entry then arrives one round trip after it is published, not up to an
+	// Interval later); after an answer with entries the next poll still waits Interval, so a
+	// busy peer is asked at most once an Interval. At most MaxWait.
+	Wait       time.Duration
+	Log        *Log
+	Sink       Sink
+	Logger     *zap.Logger
+	Registerer prometheus.Registerer
 }
 
 // Poller follows the peers' logs into the Sink.
@@ -62,6 +67,9 @@ func NewPoller(o Options) (*Poller, error) {
 	if o.Interval <= 0 || o.Timeout <= 0 || o.ResolveInterval <= 0 {
 		return nil, fmt.Errorf("peers: interval, timeout and resolveInterval must be positive")
 	}
+	if o.Wait < 0 || o.Wait > MaxWait {
+		return nil, fmt.Errorf("peers: wait %v: must be between 0 and %v", o.Wait, MaxWait)
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -70,7 +78,7 @@ func NewPoller(o Options) (*Poller, error) {
 			return nil, fmt.Errorf("peers: %q: %w", p, err)
 		}
 	}
-	p := &Poller{o: o, client: &http.Client{Timeout: o.Timeout}, lookup: net.DefaultResolver.LookupHost}
+	p := &Poller{o: o, client: &http.Client{Timeout: o.Timeout + o.Wait}, lookup: net.DefaultResolver.LookupHost}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
@@ -177,7 +185,8 @@ func (p *Poller) follow(ctx context.Context, addr string) {
 	var st peerState
 	failures := 0
 	for {
-		more, self, err := p.poll(ctx, addr, &st)
+		began, first := time.Now(), st.instance == 0
+		more, got, self, err := p.poll(ctx, addr, &st)
 		switch {
 		case self:
 			p.o.Logger.Debug("peer address is this replica: not followed", zap.String("peer", addr))
@@ -193,7 +202,11 @@ func (p *Poller) follow(ctx context.Context, addr string) {
 			}
 			failures = 0
 		}
-		if more && err == nil {
+		if err == nil && (more || (p.o.Wait > 0 && !got && (first || time.Since(began) >= p.o.Wait/2))) {
+			// More to read, or nothing new after the first poll (which does not wait: it
+			// learns the peer's log) or after a long poll that waited in vain: ask again, and
+			// wait, at once. (A peer that answers an empty long poll at once is an older build
+			// that does not wait: it is asked every Interval.)
 			continue
 		}
 		t := time.NewTimer(backoff(p.o.Interval, failures))
@@ -219,37 +232,43 @@ func backoff(interval time.Duration, failures int) time.Duration {
 	return min(wait, max(maxBackoff, interval))
 }
 
-// poll fetches and applies one answer. more: the peer has entries beyond it.
-func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, self bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+Path+"?since="+strconv.FormatUint(st.since, 10), nil)
+// poll fetches and applies one answer. more: the peer has entries beyond it; got: the answer
+// moved on.
+func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, got, self bool, err error) {
+	url := "http://" + addr + Path + "?since=" + strconv.FormatUint(st.since, 10)
+	if p.o.Wait > 0 && st.instance != 0 {
+		// Not the first poll of a peer: that one learns its instance and log at once.
+		url += "&wait=" + strconv.FormatInt(p.o.Wait.Milliseconds(), 10)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return false, false, err
+		return false, false, false, err
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return false, false, err
+		return false, false, false, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return false, false, fmt.Errorf("status %d", resp.StatusCode)
+		return false, false, false, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 2*maxAnswerBytes))
 	if err != nil {
-		return false, false, err
+		return false, false, false, err
 	}
 	a, err := decode(body)
 	if err != nil {
-		return false, false, err
+		return false, false, false, err
 	}
 	if a.instance == p.o.Log.Instance() {
-		return false, true, nil
+		return false, false, true, nil
 	}
 	if st.instance != a.instance {
 		if st.instance != 0 {
 			// The peer restarted: its sequence numbers start again.
 			st.instance, st.since = a.instance, 0
-			return true, false, nil
+			return true, true, false, nil
 		}
 		st.instance = a.instance
 	}
@@ -284,5 +303,5 @@ func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, se
 	}
 	// More only when this answer moved on: a peer that keeps sending the same entries is not
 	// asked again at once.
-	return st.since > before && st.since < a.next, false, nil
+	return st.since > before && st.since < a.next, st.since > before, false, nil
 }

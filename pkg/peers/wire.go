@@ -6,12 +6,19 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Path is where a replica serves its log, on its metrics port.
 const Path = "/peer/commits"
 
-// Handler serves the log: GET Path?since=N.
+// MaxWait bounds how long a poll waits for a new entry (GET Path?since=N&wait=MS), so that a
+// shutting-down server's open polls end soon.
+const MaxWait = time.Second
+
+// Handler serves the log: GET Path?since=N[&wait=MS]. With wait, a poll that finds no entry
+// from since on waits up to MS milliseconds (at most MaxWait) for one, so an entry reaches
+// a waiting peer one round trip after it is published.
 func (l *Log) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
@@ -26,6 +33,22 @@ func (l *Log) Handler() http.Handler {
 				return
 			}
 			since = v
+		}
+		if s := r.URL.Query().Get("wait"); s != "" {
+			ms, err := strconv.ParseUint(s, 10, 32)
+			if err != nil {
+				http.Error(w, "wait: not a number of milliseconds", http.StatusBadRequest)
+				return
+			}
+			if ms > 0 {
+				t := time.NewTimer(min(time.Duration(ms)*time.Millisecond, MaxWait))
+				select {
+				case <-l.waitFor(since):
+				case <-t.C:
+				case <-r.Context().Done():
+				}
+				t.Stop()
+			}
 		}
 		b := l.appendAnswer(make([]byte, 0, 4096), since)
 		w.Header().Set("Content-Type", "application/octet-stream")

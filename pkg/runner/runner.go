@@ -155,7 +155,7 @@ func (pk *Picker) linkPeers(c config.Peers, plugs []router.Plugin, reg prometheu
 		return fmt.Errorf("peers: the plugins have no %s whose index to share", prefix.Name)
 	}
 	pk.PeerLog = peers.NewLog(c.LogBlocks)
-	poller, err := peers.NewPoller(peers.Options{Peers: c.Addresses, Interval: c.Interval.D(), Timeout: c.Timeout.D(),
+	poller, err := peers.NewPoller(peers.Options{Peers: c.Addresses, Interval: c.Interval.D(), Wait: c.Wait.D(), Timeout: c.Timeout.D(),
 		ResolveInterval: c.ResolveInterval.D(), Log: pk.PeerLog, Sink: idx, Logger: log, Registerer: reg})
 	if err != nil {
 		return err
