@@ -141,14 +141,15 @@ func (pl *Plugin) ApplyPeerPick(peer, id uint64, addr string, hashes []uint64) b
 			return true // full of live picks: this one is not remembered
 		}
 	}
-	// Without observers no pick number of this replica's: a peer's request never counts as
-	// past its prefill, nothing would tell.
+	// Counted as a pick of the endpoint here (load and KV room count the picks a scrape has
+	// not seen yet). Without observers its record has no pick number: a peer's request never
+	// counts as past its prefill, as nothing would tell (the prefill scorer tells).
+	seq := ep.CountPeerPick()
 	rec := &pendingRecord{hashes: hashes, ep: ep, seq: math.MaxInt64}
 	v := peerPending{rec: rec, at: now}
 	if len(obs) > 0 {
-		v.pick = &PeerPick{Endpoint: ep, Uncached: len(hashes) - pl.heldOn(ep, hashes, now)}
-		v.pick.Seq = ep.CountPeerPick()
-		rec.seq = v.pick.Seq
+		v.pick = &PeerPick{Endpoint: ep, Seq: seq, Uncached: len(hashes) - pl.heldOn(ep, hashes, now)}
+		rec.seq = seq
 		for _, o := range obs {
 			o.PeerPicked(v.pick)
 		}
@@ -167,7 +168,7 @@ func (pl *Plugin) heldOn(ep *router.Endpoint, hashes []uint64, now time.Time) in
 	return max(n, int(lens[ep.Slot]))
 }
 
-// tellEnded tells the observers that the peers' picks vs ended.
+// tellEnded tells the observers that the peers' picks in vs ended.
 func (pl *Plugin) tellEnded(vs []peerPending, committed bool) {
 	for _, v := range vs {
 		if v.pick == nil {
