@@ -651,6 +651,15 @@ func (o *Options) runOne(ctx context.Context, rep *Report, sc Scenario, seed uin
 				for _, p := range ports {
 					peerAddrs = append(peerAddrs, fmt.Sprintf("127.0.0.1:%d", p))
 				}
+				if o.Clock == ClockVirtual {
+					// Paced: each replica polls the others through the sync's proxies.
+					ps, err := NewPeerSync(peerAddrs, 0)
+					if err != nil {
+						return nil, err
+					}
+					defer ps.Close()
+					rc.PeerSync, peerAddrs = ps, ps.Addrs()
+				}
 			}
 			setup, err := PickerConfig(PickerOptions{File: o.PickerConfig, Defaults: binDefaults, Endpoints: eps.Addrs(),
 				Clock: o.Clock, TimeScale: o.TimeScale, VirtualRefresh: o.VirtualRefresh, CapacityBlocks: capacity, Peers: peerAddrs})

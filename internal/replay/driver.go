@@ -66,6 +66,9 @@ type RunConfig struct {
 	Picker         *Picker
 	PickerReplicas []*Picker
 	Endpoints      *Endpoints
+	// PeerSync, on the virtual clock, paces replicas that share their picks and commits: each
+	// exchange with a replica that may have published waits until the others have applied it.
+	PeerSync *PeerSync
 	// Replicas is how many instances of the gie and sglang baselines run side by side, the
 	// requests spread over them in turn (0 or 1: one).
 	Replicas int
@@ -135,6 +138,8 @@ type RunResult struct {
 	Wall  time.Duration
 	// Scrape is the virtual clock's metrics handshake with the picker (nil otherwise).
 	Scrape *ScrapeStats
+	// PeerSync is the virtual clock's pacing of replicas that share (nil otherwise).
+	PeerSync *PeerSyncStats
 }
 
 // ScrapeStats account for the virtual clock's wait for the picker's scrapes.
@@ -355,6 +360,10 @@ func Run(ctx context.Context, cfg RunConfig) (*RunResult, error) {
 	if ss := d.sync; ss != nil {
 		res.Scrape = &ScrapeStats{Ticks: ss.ticks, Waited: ss.waited, WallSec: ss.wall.Seconds(), Timeouts: ss.timeouts, Note: ss.note}
 	}
+	if ps := cfg.PeerSync; ps != nil {
+		st := ps.Stats()
+		res.PeerSync = &st
+	}
 	return res, nil
 }
 
@@ -388,8 +397,11 @@ type flight struct {
 	x    *dataplane.Exchange
 	dest string
 	resp *responder
+	// replica is the picker replica routing it (0: Picker, k: PickerReplicas[k-1]).
+	replica int
 
 	mu          sync.Mutex
+	bodySent    bool // a response body chunk handed to the picker
 	headersSent bool // response headers handed to the picker
 	firstSent   bool // a stream's first event handed to the picker
 	ended       bool // the exchange is over (closed or cancelled)
@@ -477,6 +489,7 @@ func (f *flight) route() (int, bool) {
 		// replicas independently of each other.
 		if k := (d.routed.Add(1) - 1) % uint64(n+1); k > 0 {
 			p = d.cfg.PickerReplicas[k-1]
+			f.replica = int(k)
 		}
 	}
 	x, err := p.Client.Open(d.ctx, dataplane.FullDuplex())
@@ -515,7 +528,24 @@ func (f *flight) route() (int, bool) {
 		return 0, false
 	}
 	f.x, f.dest = x, dest
+	f.settle() // the pick
 	return e, true
+}
+
+// settle waits until the other picker replicas have applied what this flight's replica
+// published (PeerSync); a failure ends the run.
+func (f *flight) settle() {
+	d := f.d
+	if d.cfg.PeerSync == nil {
+		return
+	}
+	if err := d.cfg.PeerSync.Settle(d.ctx, f.replica); err != nil {
+		d.mu.Lock()
+		if d.err == nil {
+			d.err = fmt.Errorf("peer sync: %w", err)
+		}
+		d.mu.Unlock()
+	}
 }
 
 // fail answers the request with an error status before any output, as a model server does.
@@ -547,6 +577,7 @@ func (f *flight) sendHeaders(status int, headers []dataplane.Header) {
 	} else if im != nil {
 		f.abort(fmt.Sprintf("the picker answered the response headers with %d", im.Status))
 	}
+	f.settle() // a commit (an answer that does not stream) or a drop (a failure)
 }
 
 // sendBody hands a response body chunk to the picker and reads what it passes on: the client
@@ -572,6 +603,10 @@ func (f *flight) sendBody(chunk []byte) {
 			f.abort("the picker ended the response body early")
 			return
 		}
+	}
+	if !f.bodySent {
+		f.bodySent = true
+		f.settle() // a stream's commit, at its first byte
 	}
 }
 

@@ -133,6 +133,8 @@ type Summary struct {
 	WallSeconds float64 `json:"wallSeconds"`
 	// Scrape is the virtual clock's wait for the picker's metrics scrapes (kvpick only).
 	Scrape *ScrapeStats `json:"scrape,omitempty"`
+	// PeerSync: the virtual clock's pacing of picker replicas that share (--share-commits).
+	PeerSync *PeerSyncStats `json:"peerSync,omitempty"`
 	// Endpoint is the first engine's address (kvpick only): the picker breaks ties by hashing
 	// addresses, so runs on other ports are not comparable request for request.
 	Endpoint string `json:"endpoint,omitempty"`
@@ -151,6 +153,7 @@ func Summarize(res *RunResult) *Summary {
 		PickerRSSBytes:    Num(math.NaN()),
 		WallSeconds:       res.Wall.Seconds(),
 		Scrape:            res.Scrape,
+		PeerSync:          res.PeerSync,
 	}
 	var ttft, wait, lat, rt []float64
 	var first, last, lastArrival time.Time

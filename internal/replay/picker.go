@@ -154,7 +154,7 @@ func PickerConfig(o PickerOptions) (*PickerSetup, error) {
 		var iv time.Duration
 		var why string
 		if o.Clock == ClockVirtual {
-			iv, why = time.Millisecond, "virtual clock: poll the replicas' commit logs as often as the picker may (they are not paced to simulated time: docs/replay.md, \"Router replicas\")"
+			iv, why = 100*time.Microsecond, "virtual clock: the driver waits until every replica has applied what another published (docs/replay.md, \"Router replicas\"), so the polls after an answer follow at once"
 		} else {
 			iv = max(time.Millisecond, time.Duration(float64(p.Interval.D())/o.TimeScale))
 			why = fmt.Sprintf("real clock: simulated time runs %g times faster than the wall clock", o.TimeScale)

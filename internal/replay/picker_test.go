@@ -728,3 +728,67 @@ func TestPickerReplicasShareTheirCommits(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestPacedReplicasRepeat: on the virtual clock, replicas that share through a PeerSync are
+// paced to it — every pick and commit applied by the other replica before the simulation goes
+// on — so two runs of the same workload route every request alike and time it alike.
+func TestPacedReplicasRepeat(t *testing.T) {
+	ctx := context.Background()
+	bin := picker(t)
+	wl := generate(t, "shared-prefix", Spec{Seed: 4, Engines: 3, Requests: 101})
+	base := testBase() // the same engine addresses in both runs: ties break by address
+	run := func() (*RunResult, PeerSyncStats) {
+		eps, err := ListenEndpointsWait(3, base, true, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer eps.Close()
+		ports, err := freeport.Loopback(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		real := []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
+		ps, err := NewPeerSync(real, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ps.Close()
+		setup, err := PickerConfig(PickerOptions{Endpoints: eps.Addrs(), Clock: ClockVirtual, Peers: ps.Addrs()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ps2 []*Picker
+		for k := range 2 {
+			p, err := StartPicker(ctx, bin, setup.Config, t.TempDir(), PickerRun{Args: []string{"--metrics-bind-address=" + real[k]}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := p.Stop(); err != nil {
+					t.Error(err)
+				}
+			}()
+			ps2 = append(ps2, p)
+		}
+		res, err := Run(ctx, RunConfig{Workload: wl, Policy: KVPick, Engines: 3, Clock: ClockVirtual, Picker: ps2[0],
+			PickerReplicas: ps2[1:], Endpoints: eps, PeerSync: ps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, ps.Stats()
+	}
+	a, sa := run()
+	b, sb := run()
+	for i := range a.Records {
+		ra, rb := a.Records[i], b.Records[i]
+		if !ra.OK() || !rb.OK() {
+			t.Fatalf("request %d: %+v / %+v", i, ra, rb)
+		}
+		if ra.Engine != rb.Engine || ra.Result != rb.Result {
+			t.Fatalf("request %d: engine %d, %+v in one run; engine %d, %+v in the other", i, ra.Engine, ra.Result, rb.Engine, rb.Result)
+		}
+	}
+	if sa.Waited == 0 || sa.Timeouts != 0 || sb.Timeouts != 0 || a.PeerSync == nil {
+		t.Fatalf("pacing stats %+v, %+v: want waits and no timeouts", sa, sb)
+	}
+}

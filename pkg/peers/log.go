@@ -7,7 +7,8 @@
 // Each replica keeps a bounded log of what it did with the prompts it routed — picked for an
 // endpoint (its pending record), taken by the endpoint's server (the blocks it commits to its
 // index on the response path) or dropped (the request failed or ended first) — and serves it
-// on its metrics port (GET /peer/commits?since=N); every replica polls its peers' logs and
+// on its metrics port (GET /peer/commits?since=N, with &wait=MS a long poll that waits for the
+// next entry when there is none); every replica polls its peers' logs and
 // applies their entries to its own index and pending records, as if it had routed the
 // requests. A peer's pick also counts as a pick of its endpoint there (what the scrape has not
 // seen yet) and, with the prefill scorer, as prefill work queued there until its commit or drop,

@@ -244,6 +244,7 @@ func (p *Poller) poll(ctx context.Context, addr string, st *peerState) (more, go
 	if err != nil {
 		return false, false, false, err
 	}
+	req.Header.Set(InstanceHeader, strconv.FormatUint(p.o.Log.Instance(), 16))
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return false, false, false, err

@@ -12,6 +12,10 @@ import (
 // Path is where a replica serves its log, on its metrics port.
 const Path = "/peer/commits"
 
+// InstanceHeader carries the polling replica's own log instance (hex) on every poll: for the
+// logs and proxies in between (the replay's pacing), not needed by the log.
+const InstanceHeader = "X-Kvpick-Peer-Instance"
+
 // MaxWait bounds how long a poll waits for a new entry (GET Path?since=N&wait=MS), so that a
 // shutting-down server's open polls end soon.
 const MaxWait = time.Second
