@@ -13,7 +13,7 @@ import (
 
 // countingSink counts the peer entries a replica applied.
 type countingSink struct {
-	mu                   sync.Mutex
+	mu                    sync.Mutex
 	picks, commits, drops int
 }
 
