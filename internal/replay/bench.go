@@ -485,6 +485,10 @@ func Benchmark(ctx context.Context, o Options) (*Report, error) {
 		if s.Scrape != nil && s.Scrape.Note != "" {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("%s / %s / seed %d: %s", s.Scenario, s.Workload, s.Seed, s.Scrape.Note))
 		}
+		if ps := s.PeerSync; ps != nil && (ps.Timeouts > 0 || ps.Unpaced) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s / %s / seed %d: the picker replicas' sharing was not paced to the virtual clock "+
+				"(%d waits timed out; unpaced: %v — a picker built before stop 32), so the run may not repeat", s.Scenario, s.Workload, s.Seed, ps.Timeouts, ps.Unpaced))
+		}
 		if s.Endpoint != "" && s.Endpoint != DefaultEndpointBase.Addr(0) {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("%s / %s / seed %d: the engines listened from %s (another process held %s): "+
 				"the picker breaks ties by hashing addresses, so this run may differ from an undisturbed one", s.Scenario, s.Workload,

@@ -44,6 +44,8 @@ type PeerSyncStats struct {
 	Waited   int     `json:"waited"`
 	WallSec  float64 `json:"wallSeconds"`
 	Timeouts int     `json:"timeouts"`
+	// Unpaced: a replica polled without naming itself (a build before stop 32): not paced.
+	Unpaced bool `json:"unpaced,omitempty"`
 }
 
 // NewPeerSync starts a proxy on a free loopback port for each replica metrics address in real.
@@ -89,7 +91,14 @@ func (s *PeerSync) Close() {
 // proxy forwards a follower's poll to replica k's log, noting how far the follower has read.
 func (s *PeerSync) proxy(k int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if follower := r.Header.Get(peers.InstanceHeader); follower != "" {
+		follower := r.Header.Get(peers.InstanceHeader)
+		if follower == "" {
+			// A picker built before pollers named themselves: its reads cannot be told
+			// apart, so the run goes unpaced (counted) rather than waiting in vain.
+			s.mu.Lock()
+			s.stats.Unpaced = true
+			s.mu.Unlock()
+		} else {
 			if since, err := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64); err == nil {
 				s.mu.Lock()
 				s.read[k][follower] = max(s.read[k][follower], since)
@@ -151,7 +160,7 @@ func (s *PeerSync) Settle(ctx context.Context, k int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Settles++
-	if next <= s.settled[k] {
+	if next <= s.settled[k] || s.stats.Unpaced {
 		return nil
 	}
 	t0 := time.Now()
