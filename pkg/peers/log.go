@@ -78,6 +78,7 @@ type Log struct {
 	next    uint64
 	blocks  int
 	wake    chan struct{} // closed at the next entry; nil while no poll waits for one
+	stopped bool          // StopWaiting was called: polls no longer wait
 }
 
 // NewLog returns an empty log holding at most maxBlocks block hashes (≤ 0: DefaultLogBlocks).
@@ -143,13 +144,25 @@ func (l *Log) publish(kind byte, id uint64, addr string, hashes []uint64) {
 func (l *Log) waitFor(since uint64) <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.next > since {
+	if l.next > since || l.stopped {
 		return closed
 	}
 	if l.wake == nil {
 		l.wake = make(chan struct{})
 	}
 	return l.wake
+}
+
+// StopWaiting answers every waiting long poll at once, and every later one without waiting:
+// a server shutting down does not hold its followers' polls (nor its own shutdown) for a wait.
+func (l *Log) StopWaiting() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopped = true
+	if l.wake != nil {
+		close(l.wake)
+		l.wake = nil
+	}
 }
 
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()

@@ -341,6 +341,7 @@ func TestFailingPeersArePolledLessOften(t *testing.T) {
 
 // TestALongPollAnswersWithTheNextEntry: a poll with wait that finds nothing new is held until
 // the log's next entry, and answered with it; one that waits in vain is answered empty.
+// A server shutting down (StopWaiting) answers its waiting polls at once.
 func TestALongPollAnswersWithTheNextEntry(t *testing.T) {
 	l := NewLog(0)
 	l.Commit(1, "10.0.0.1:8000", []uint64{1})
@@ -383,6 +384,20 @@ func TestALongPollAnswersWithTheNextEntry(t *testing.T) {
 	r = <-get("?since=0&wait=1000") // entries there already: answered at once
 	if r.err != nil || len(r.a.entries) != 2 {
 		t.Fatalf("a poll with entries to read answered %+v, %v", r.a, r.err)
+	}
+	// A server shutting down answers its waiting polls at once, and no later one waits.
+	held = get("?since=2&wait=1000")
+	eventually(t, "the second poll waiting", func() bool { l.mu.Lock(); defer l.mu.Unlock(); return l.wake != nil })
+	l.StopWaiting()
+	if r := <-held; r.err != nil || len(r.a.entries) != 0 {
+		t.Fatalf("a poll held at shutdown answered %+v, %v; want an empty answer", r.a, r.err)
+	}
+	r = <-get("?since=2&wait=1000")
+	l.mu.Lock()
+	waiting := l.wake != nil
+	l.mu.Unlock()
+	if r.err != nil || waiting {
+		t.Fatalf("a poll after StopWaiting: %v, left a waiter: %v", r.err, waiting)
 	}
 	resp, err := http.Get(srv.URL + Path + "?since=0&wait=soon")
 	if err != nil || resp.StatusCode != http.StatusBadRequest {

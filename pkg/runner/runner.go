@@ -236,6 +236,9 @@ func Run(ctx context.Context, o Options) error {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if pk.PeerLog != nil {
+		msrv.RegisterOnShutdown(pk.PeerLog.StopWaiting) // open long polls end with the server
+	}
 
 	gl, err := net.Listen("tcp", o.GRPCAddr)
 	if err != nil {
