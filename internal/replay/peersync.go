@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -98,14 +97,12 @@ func (s *PeerSync) proxy(k int) http.Handler {
 			s.mu.Lock()
 			s.stats.Unpaced = true
 			s.mu.Unlock()
-		} else {
-			if since, err := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64); err == nil {
-				s.mu.Lock()
-				s.read[k][follower] = max(s.read[k][follower], since)
-				close(s.changed)
-				s.changed = make(chan struct{})
-				s.mu.Unlock()
-			}
+		} else if since, err := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64); err == nil {
+			s.mu.Lock()
+			s.read[k][follower] = max(s.read[k][follower], since)
+			close(s.changed)
+			s.changed = make(chan struct{})
+			s.mu.Unlock()
 		}
 		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://"+s.real[k]+r.URL.RequestURI(), nil)
 		if err != nil {
@@ -142,11 +139,13 @@ func (s *PeerSync) logHead(ctx context.Context, k int) (instance, next uint64, e
 	if err != nil {
 		return 0, 0, err
 	}
-	// "KVPC" version:u8 instance:u64 next:u64 ... (pkg/peers' wire format)
-	if resp.StatusCode != http.StatusOK || len(b) < 21 || string(b[:4]) != "KVPC" {
-		return 0, 0, fmt.Errorf("replica %d's log: status %d, %d bytes", k, resp.StatusCode, len(b))
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("replica %d's log: status %d", k, resp.StatusCode)
 	}
-	return binary.LittleEndian.Uint64(b[5:]), binary.LittleEndian.Uint64(b[13:]), nil
+	if instance, next, err = peers.Head(b); err != nil {
+		return 0, 0, fmt.Errorf("replica %d's log: %w", k, err)
+	}
+	return instance, next, nil
 }
 
 // Settle waits until every replica but k has applied every entry replica k's log holds now

@@ -120,10 +120,7 @@ func (l *Log) publish(kind byte, id uint64, addr string, hashes []uint64) {
 	defer l.mu.Unlock()
 	e.seq = l.next
 	l.next++
-	if l.wake != nil {
-		close(l.wake)
-		l.wake = nil
-	}
+	l.wakeLocked()
 	l.entries = append(l.entries, e)
 	l.blocks += len(e.hashes)
 	for l.blocks > l.maxBlocks && l.start < len(l.entries)-1 {
@@ -159,6 +156,11 @@ func (l *Log) StopWaiting() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stopped = true
+	l.wakeLocked()
+}
+
+// wakeLocked answers the polls waiting for the next entry.
+func (l *Log) wakeLocked() {
 	if l.wake != nil {
 		close(l.wake)
 		l.wake = nil

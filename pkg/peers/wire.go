@@ -69,20 +69,26 @@ type answer struct {
 
 var errShort = errors.New("truncated")
 
+// Head reads an answer's header: the log's instance and the number its next entry will get
+// (a poll with a since beyond every entry is answered with the header alone).
+func Head(b []byte) (instance, next uint64, err error) {
+	if len(b) < headerBytes || string(b[:4]) != magic {
+		return 0, 0, errors.New("not a peer commit log answer")
+	}
+	if b[4] != version {
+		return 0, 0, fmt.Errorf("version %d, want %d", b[4], version)
+	}
+	return binary.LittleEndian.Uint64(b[5:]), binary.LittleEndian.Uint64(b[13:]), nil
+}
+
 // decode parses an answer. It checks every length against the bytes there are, so garbage
 // gives an error, never a panic or a huge allocation.
 func decode(b []byte) (*answer, error) {
-	if len(b) < headerBytes || string(b[:4]) != magic {
-		return nil, errors.New("not a peer commit log answer")
+	instance, next, err := Head(b)
+	if err != nil {
+		return nil, err
 	}
-	if b[4] != version {
-		return nil, fmt.Errorf("version %d, want %d", b[4], version)
-	}
-	a := &answer{
-		instance: binary.LittleEndian.Uint64(b[5:]),
-		next:     binary.LittleEndian.Uint64(b[13:]),
-		first:    binary.LittleEndian.Uint64(b[21:]),
-	}
+	a := &answer{instance: instance, next: next, first: binary.LittleEndian.Uint64(b[21:])}
 	count := binary.LittleEndian.Uint32(b[29:])
 	b = b[headerBytes:]
 	// Each entry takes at least 22 bytes: a count beyond that is a lie.
