@@ -661,6 +661,27 @@ func TestPickerReplicasShareTheRequests(t *testing.T) {
 	}
 }
 
+// startReplicas starts a picker replica with cfg on each metrics address; stop stops them.
+func startReplicas(t *testing.T, bin string, cfg *config.Config, metricsAddrs []string) (ps []*Picker, stop func()) {
+	t.Helper()
+	stop = func() {
+		for _, p := range ps {
+			if err := p.Stop(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	for _, a := range metricsAddrs {
+		p, err := StartPicker(context.Background(), bin, cfg, t.TempDir(), PickerRun{Args: []string{"--metrics-bind-address=" + a}})
+		if err != nil {
+			stop()
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	return ps, stop
+}
+
 // TestPickerReplicasShareTheirCommits: two replicas listing both their metrics addresses as
 // peers each take every pick and every commit of the other (one of each per request the other
 // routed, all served), and none of their own back.
@@ -681,19 +702,8 @@ func TestPickerReplicasShareTheirCommits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ps []*Picker
-	for k := range 2 {
-		p, err := StartPicker(ctx, bin, setup.Config, t.TempDir(), PickerRun{Args: []string{"--metrics-bind-address=" + addrs[k]}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := p.Stop(); err != nil {
-				t.Error(err)
-			}
-		})
-		ps = append(ps, p)
-	}
+	ps, stop := startReplicas(t, bin, setup.Config, addrs)
+	t.Cleanup(stop)
 	res, err := Run(ctx, RunConfig{Workload: generate(t, "shared-prefix", Spec{Seed: 4, Engines: 3, Requests: 101}), Policy: KVPick,
 		Engines: 3, Clock: ClockVirtual, Picker: ps[0], PickerReplicas: ps[1:], Endpoints: eps})
 	if err != nil {
@@ -757,19 +767,9 @@ func TestPacedReplicasRepeat(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ps2 []*Picker
-		for k := range 2 {
-			p, err := StartPicker(ctx, bin, setup.Config, t.TempDir(), PickerRun{Args: []string{"--metrics-bind-address=" + real[k]}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := p.Stop(); err != nil {
-					t.Error(err)
-				}
-			}()
-			ps2 = append(ps2, p)
-		}
+		// Stopped with the run: this run's pickers must not scrape the next run's engines.
+		ps2, stop := startReplicas(t, bin, setup.Config, real)
+		defer stop()
 		res, err := Run(ctx, RunConfig{Workload: wl, Policy: KVPick, Engines: 3, Clock: ClockVirtual, Picker: ps2[0],
 			PickerReplicas: ps2[1:], Endpoints: eps, PeerSync: ps})
 		if err != nil {

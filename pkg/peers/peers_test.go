@@ -216,6 +216,14 @@ func (s *sink) count(addr string) int {
 	return len(s.got[addr])
 }
 
+// runPoller runs p until the returned stop, which waits for it to end.
+func runPoller(p *Poller) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	return func() { cancel(); <-done }
+}
+
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -259,10 +267,7 @@ func TestPollerFollowsPeersIntoTheSink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	defer runPoller(p)()
 
 	eventually(t, "the peer's first commit applied", func() bool { return s.count("10.0.0.1:8000") == 1 })
 	peer.Pick(14, "10.0.0.1:8000", []uint64{5})
@@ -423,10 +428,7 @@ func TestLongPollsBringEntriesBeforeTheNextInterval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { p.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	defer runPoller(p)()
 	// The first poll, then long polls that wait in vain, each followed by the next at once.
 	eventually(t, "three polls", func() bool { return polls.Load() >= 3 })
 	peer.Commit(1, "10.0.0.1:8000", []uint64{1})
