@@ -8,8 +8,11 @@
 //
 // An endpoint whose KV cache is nearly full (maxKVCacheUsage) while requests wait there is
 // avoided too, but softly: a full cache with a queue is a server at its memory limit, which is
-// normal under load, so such endpoints are skipped only while another endpoint is free of both
-// conditions, and never cause a 429 by themselves.
+// normal under load, so such endpoints are skipped only while another endpoint shows no queue at
+// all (or has no fresh scrape), and never cause a 429 by themselves. Skipping them whenever
+// another endpoint's cache was not full sent every request under an overload to the one or two
+// servers whose caches happened to be below the bound, where requests queued as well: with
+// queues everywhere, the other filters and scorers weigh the queues and the cached prefixes.
 package saturation
 
 import (
@@ -30,7 +33,7 @@ type Params struct {
 	// sglang:num_queue_reqs) from which an endpoint takes no new request; 0 disables.
 	MaxWaitingRequests int `json:"maxWaitingRequests"`
 	// MaxKVCacheUsage is the scraped KV-cache usage (0..1) from which an endpoint with a
-	// waiting queue is avoided while others are not; 0 disables.
+	// waiting queue is avoided while another shows no queue; 0 disables.
 	MaxKVCacheUsage float64 `json:"maxKVCacheUsage"`
 }
 
@@ -67,13 +70,14 @@ func (*Filter) Name() string { return Name }
 func (*Filter) Sheds() bool { return true }
 
 // Filter implements router.Filter: saturated endpoints out; endpoints with a full cache and a
-// queue out too unless only such endpoints are left.
+// queue out too while another kept endpoint shows no queue.
 func (f *Filter) Filter(_ context.Context, req *router.Request, eps []*router.Endpoint) []*router.Endpoint {
 	if f.p.MaxInFlightPerEndpoint == 0 && f.p.MaxWaitingRequests == 0 && f.p.MaxKVCacheUsage == 0 {
 		return eps
 	}
 	out := eps[:0]
-	full := 0 // endpoints kept that have a full cache and a queue, at the front of out
+	full := 0     // endpoints kept that have a full cache and a queue, at the front of out
+	idle := false // some kept endpoint shows no queue
 	for _, e := range eps {
 		m := e.FreshMetrics(req.Now)
 		if f.saturated(e, m) {
@@ -84,9 +88,11 @@ func (f *Filter) Filter(_ context.Context, req *router.Request, eps []*router.En
 			// Keep the full ones at the front, so that dropping them is one reslice.
 			out[full], out[len(out)-1] = out[len(out)-1], out[full]
 			full++
+		} else if m == nil || !m.HasQueue || m.Waiting == 0 {
+			idle = true
 		}
 	}
-	if full > 0 && full < len(out) {
+	if full > 0 && idle {
 		return out[full:]
 	}
 	return out
