@@ -8,6 +8,7 @@ R = {}
 for r in rep['results']:
     R.setdefault((r['scenario'], r['workload'], r['policy']), []).append(r)
 unit = lambda v: '—' if v is None else f'{v:.2f} s' if v >= 1 else f'{v*1000:.0f}'
+pct = lambda v: '—' if v is None else f'{v:.1f}'  # a policy the report does not hold
 def med(sc, wl, pol, f):
     rs = R.get((sc, wl, pol))
     return statistics.median(f(r) for r in rs) if rs else None
@@ -17,8 +18,8 @@ for sc in base:
     b = base[sc]
     for wl in ['shared-prefix', 'multi-turn', 'agent', 'hot-prefix', 'no-sharing']:
         if not R.get((sc, wl, 'kvpick')): continue
-        hit = lambda pol, s=sc: med(s, wl, pol, lambda r: 100 * r['hitRatio'])
+        hit = lambda pol, s=sc: pct(med(s, wl, pol, lambda r: 100 * r['hitRatio']))
         p = lambda pol, q, s=b: unit(med(s, wl, pol, lambda r: r['ttft'][q]))
-        print(f"| {sc} | {wl} | {hit('precise', b):.1f} / {hit('gie', b):.1f} / {hit('sglang', b):.1f} / **{hit('kvpick'):.1f}** | "
+        print(f"| {sc} | {wl} | {hit('precise', b)} / {hit('gie', b)} / {hit('sglang', b)} / **{hit('kvpick')}** | "
               f"{p('round-robin','p90')} | {p('least-loaded','p90')} | {p('precise','p90')} | {p('gie','p90')} | {p('sglang','p90')} | "
               f"**{p('kvpick','p90',sc)}** | {p('kvpick','p50',sc)} / {p('kvpick','p99',sc)} ({p('precise','p99')}) |")
