@@ -16,8 +16,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvpick/kvpick/config"
 	"github.com/kvpick/kvpick/internal/dataplane"
@@ -39,25 +37,9 @@ func TestMain(m *testing.M) {
 }
 
 // env is a namespace of the shared cluster with the CRDs installed.
-type env struct {
-	c      *kubetest.Cluster
-	ns     string
-	client kubernetes.Interface
-	dyn    dynamic.Interface
-	ctx    context.Context
-}
+type env struct{ *kubetest.Env }
 
-func newEnv(t *testing.T) *env {
-	t.Helper()
-	c := cluster.Get(t)
-	ctx := context.Background()
-	if err := c.InstallInferencePoolCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{c: c, client: c.Client(), dyn: dynamic.NewForConfigOrDie(c.Config()), ctx: ctx}
-	e.ns = kubetest.Namespace(t, e.client)
-	return e
-}
+func newEnv(t *testing.T) *env { return &env{cluster.Env(t)} }
 
 func (e *env) must(t *testing.T, what string, err error) {
 	t.Helper()
@@ -173,7 +155,7 @@ func startPicker(t *testing.T, e *env, o pickerOpts) *picker {
 			Config: cfg, Log: kubetest.Logger(t),
 			Ready: func(g, h, m net.Addr) { ready <- [3]string{g.String(), h.String(), m.String()} },
 			Kubernetes: &runner.Kubernetes{
-				Kubeconfig: e.c.KubeconfigPath(), PoolName: o.pool, PoolNamespace: e.ns, PoolGroup: o.group,
+				Kubeconfig: e.Cluster.KubeconfigPath(), PoolName: o.pool, PoolNamespace: e.NS, PoolGroup: o.group,
 				LeaderElection: o.leader,
 			},
 		})

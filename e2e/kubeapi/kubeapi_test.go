@@ -40,7 +40,7 @@ func TestRoutingAndReadinessFollowThePool(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}, 2)
 	p1, p2 := ports[0], ports[1]
-	pool := kubetest.Pool{Namespace: e.ns, Name: "llama", MatchLabels: vllm, Ports: []int32{p1}}
+	pool := kubetest.Pool{Namespace: e.NS, Name: "llama", MatchLabels: vllm, Ports: []int32{p1}}
 
 	p := startPicker(t, e, pickerOpts{pool: "llama"})
 	eventually(t, "discovery syncs on the pool's absence", func() string {
@@ -56,8 +56,8 @@ func TestRoutingAndReadinessFollowThePool(t *testing.T) {
 		t.Fatalf("request with no pool went to %q, want 503", got)
 	}
 
-	e.must(t, "pod a", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	e.must(t, "pod a", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	waitReady(t, p, "the pool has a Ready pod", serving)
 	p.waitRoutes(t, "one Ready pod", 6, addr("127.0.0.2", p1))
 
@@ -67,40 +67,40 @@ func TestRoutingAndReadinessFollowThePool(t *testing.T) {
 		want []string // nil: readiness NOT_SERVING and 503
 	}{
 		{"a second pod turns Ready", func() error {
-			return kubetest.CreatePod(e.ctx, e.client, e.ns, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true})
+			return kubetest.CreatePod(e.Ctx, e.Client, e.NS, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true})
 		}, []string{addr("127.0.0.2", p1), addr("127.0.0.3", p1)}},
 		{"a pod turns unready", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.2"})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.2"})
 		}, []string{addr("127.0.0.3", p1)}},
 		{"it comes back with another IP", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.4", Ready: true})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.4", Ready: true})
 		}, []string{addr("127.0.0.3", p1), addr("127.0.0.4", p1)}},
 		{"a pod is deleted (terminating)", func() error {
-			return e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "b", metav1.DeleteOptions{})
+			return e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "b", metav1.DeleteOptions{})
 		}, []string{addr("127.0.0.4", p1)}},
 		{"the target port changes", func() error {
 			pool.Ports = []int32{p2}
-			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+			return kubetest.ApplyPool(e.Ctx, e.Dyn, pool)
 		}, []string{addr("127.0.0.4", p2)}},
 		{"a second target port", func() error {
 			pool.Ports = []int32{p1, p2}
-			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+			return kubetest.ApplyPool(e.Ctx, e.Dyn, pool)
 		}, []string{addr("127.0.0.4", p1), addr("127.0.0.4", p2)}},
 		{"the selector changes", func() error {
-			if err := kubetest.CreatePod(e.ctx, e.client, e.ns, "c", other, kubetest.PodStatus{IP: "127.0.0.5", Ready: true}); err != nil {
+			if err := kubetest.CreatePod(e.Ctx, e.Client, e.NS, "c", other, kubetest.PodStatus{IP: "127.0.0.5", Ready: true}); err != nil {
 				return err
 			}
 			pool.MatchLabels = other
-			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+			return kubetest.ApplyPool(e.Ctx, e.Dyn, pool)
 		}, []string{addr("127.0.0.5", p1), addr("127.0.0.5", p2)}},
 		{"the last pod turns unready", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "c", kubetest.PodStatus{IP: "127.0.0.5"})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "c", kubetest.PodStatus{IP: "127.0.0.5"})
 		}, nil},
 		{"it turns Ready again", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "c", kubetest.PodStatus{IP: "127.0.0.5", Ready: true})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "c", kubetest.PodStatus{IP: "127.0.0.5", Ready: true})
 		}, []string{addr("127.0.0.5", p1), addr("127.0.0.5", p2)}},
 		{"the pool is deleted", func() error {
-			return kubetest.DeletePool(e.ctx, e.dyn, pool)
+			return kubetest.DeletePool(e.Ctx, e.Dyn, pool)
 		}, nil},
 	}
 	for _, s := range steps {
@@ -120,9 +120,9 @@ func TestRoutingAndReadinessFollowThePool(t *testing.T) {
 func TestRemovedEndpointsLeaveTheIndex(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.2", "127.0.0.3"}, 1)
-	pool := kubetest.Pool{Namespace: e.ns, Name: "p", MatchLabels: vllm, Ports: ports}
-	e.must(t, "pod a", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	pool := kubetest.Pool{Namespace: e.NS, Name: "p", MatchLabels: vllm, Ports: ports}
+	e.must(t, "pod a", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	p := startPicker(t, e, pickerOpts{pool: "p"})
 	waitReady(t, p, "ready", serving)
 	p.waitRoutes(t, "everything goes to a", 8, addr("127.0.0.2", ports[0]))
@@ -131,8 +131,8 @@ func TestRemovedEndpointsLeaveTheIndex(t *testing.T) {
 	}
 
 	// a leaves, b joins: a's entries go with it, and b has none until it is routed to.
-	e.must(t, "a unready", kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.2"}))
-	e.must(t, "pod b", kubetest.CreatePod(e.ctx, e.client, e.ns, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true}))
+	e.must(t, "a unready", kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.2"}))
+	e.must(t, "pod b", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true}))
 	eventually(t, "a's index entries are freed", func() string {
 		m, err := p.metrics.Scrape(context.Background())
 		if err != nil {
@@ -148,22 +148,22 @@ func TestRemovedEndpointsLeaveTheIndex(t *testing.T) {
 func TestV1Alpha2Pool(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.6"}, 2)
-	pool := kubetest.Pool{Group: inferencepool.GroupV1Alpha2, Namespace: e.ns, Name: "old", MatchLabels: vllm, Ports: ports[:1]}
-	e.must(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.6", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	pool := kubetest.Pool{Group: inferencepool.GroupV1Alpha2, Namespace: e.NS, Name: "old", MatchLabels: vllm, Ports: ports[:1]}
+	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.6", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	p := startPicker(t, e, pickerOpts{pool: "old", group: inferencepool.GroupV1Alpha2})
 	waitReady(t, p, "ready", serving)
 	p.waitRoutes(t, "v1alpha2 pool", 4, addr("127.0.0.6", ports[0]))
 	pool.Ports = ports[1:]
-	e.must(t, "port", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	e.must(t, "port", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	p.waitRoutes(t, "v1alpha2 targetPortNumber change", 4, addr("127.0.0.6", ports[1]))
 }
 
 func TestOnlyTheLeaderIsReadyAndAFollowerTakesOver(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.7"}, 1)
-	e.must(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, kubetest.Pool{Namespace: e.ns, Name: "ha", MatchLabels: vllm, Ports: ports}))
+	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "ha", MatchLabels: vllm, Ports: ports}))
 	a := startPicker(t, e, pickerOpts{pool: "ha", leader: true})
 	b := startPicker(t, e, pickerOpts{pool: "ha", leader: true})
 
@@ -210,8 +210,8 @@ func TestOnlyTheLeaderIsReadyAndAFollowerTakesOver(t *testing.T) {
 func TestBinaryTakesTheReferenceChartsFlags(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.8"}, 1)
-	e.must(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.8", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, kubetest.Pool{Namespace: e.ns, Name: "chart", MatchLabels: vllm, Ports: ports}))
+	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.8", Ready: true}))
+	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "chart", MatchLabels: vllm, Ports: ports}))
 
 	root, err := pickerproc.ModuleRoot()
 	if err != nil {
@@ -222,9 +222,9 @@ func TestBinaryTakesTheReferenceChartsFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("NAMESPACE", e.ns) // the reference chart's downward-API variable
+	t.Setenv("NAMESPACE", e.NS) // the reference chart's downward-API variable
 	proc, err := pickerproc.Start(ctx, pickerproc.Options{Bin: bin, Args: []string{
-		"--pool-name", "chart", "--kubeconfig", e.c.KubeconfigPath(),
+		"--pool-name", "chart", "--kubeconfig", e.Cluster.KubeconfigPath(),
 		"--zap-encoder", "json", "-v", "3",
 		"--total-queued-requests-metric", "nv_trt_llm_request_metrics{request_type=waiting}",
 		"--lora-info-metric", "",

@@ -378,3 +378,27 @@ func (c *Cluster) InstallInferencePoolCRDs(ctx context.Context) error {
 	}
 	return c.InstallCRDDir(ctx, dir)
 }
+
+// Env is one namespace of a cluster with the InferencePool CRDs installed: what each test
+// against the real API server starts from.
+type Env struct {
+	Cluster *Cluster
+	NS      string
+	Client  kubernetes.Interface
+	Dyn     dynamic.Interface
+	Ctx     context.Context
+}
+
+// Env starts the shared cluster on first use, installs the CRDs and gives the test a namespace
+// of its own.
+func (s *Shared) Env(t testing.TB) *Env {
+	t.Helper()
+	c := s.Get(t)
+	ctx := context.Background()
+	if err := c.InstallInferencePoolCRDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := &Env{Cluster: c, Client: c.Client(), Dyn: dynamic.NewForConfigOrDie(c.Config()), Ctx: ctx}
+	e.NS = Namespace(t, e.Client)
+	return e
+}

@@ -72,32 +72,16 @@ func errorf(s string, args ...any) error {
 }
 
 // env is one namespace of the shared cluster with the CRDs installed.
-type env struct {
-	c      *kubetest.Cluster
-	ns     string
-	client kubernetes.Interface
-	dyn    dynamic.Interface
-	ctx    context.Context
-}
+type env struct{ *kubetest.Env }
 
-func newEnv(t *testing.T) *env {
-	t.Helper()
-	c := cluster.Get(t)
-	ctx := context.Background()
-	if err := c.InstallInferencePoolCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{c: c, client: c.Client(), dyn: dynamic.NewForConfigOrDie(c.Config()), ctx: ctx}
-	e.ns = kubetest.Namespace(t, e.client)
-	return e
-}
+func newEnv(t *testing.T) *env { return &env{cluster.Env(t)} }
 
 // watch runs a watcher of pool name in the env's namespace with cfg's rights until the test ends.
 func (e *env) watch(t *testing.T, cfg *rest.Config, group, name string) (*Watcher, *recorder) {
 	t.Helper()
 	rec := &recorder{}
 	w, err := New(Options{
-		Namespace: e.ns, PoolName: name, PoolGroup: group,
+		Namespace: e.NS, PoolName: name, PoolGroup: group,
 		Client: kubernetes.NewForConfigOrDie(cfg), Dynamic: dynamic.NewForConfigOrDie(cfg),
 		Sink: rec, Log: kubetest.Logger(t),
 	})
@@ -127,18 +111,18 @@ func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 	e := newEnv(t)
 	vllm := map[string]string{"app": "vllm"}
 	other := map[string]string{"app": "other"}
-	pool := kubetest.Pool{Namespace: e.ns, Name: "llama", MatchLabels: vllm, Ports: []int32{8000}}
+	pool := kubetest.Pool{Namespace: e.NS, Name: "llama", MatchLabels: vllm, Ports: []int32{8000}}
 
-	w, rec := e.watch(t, e.c.Config(), inferencepool.GroupV1, "llama")
+	w, rec := e.watch(t, e.Cluster.Config(), inferencepool.GroupV1, "llama")
 	rec.wait(t, "no pool yet: synced and empty")
 	if !w.Synced() {
 		t.Fatal("not synced after publishing the pool's absence")
 	}
 
-	e.do(t, "pods", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.do(t, "pods", kubetest.CreatePod(e.ctx, e.client, e.ns, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3"}))
-	e.do(t, "pods", kubetest.CreatePod(e.ctx, e.client, e.ns, "c", other, kubetest.PodStatus{IP: "127.0.0.4", Ready: true}))
-	e.do(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	e.do(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.do(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3"}))
+	e.do(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "c", other, kubetest.PodStatus{IP: "127.0.0.4", Ready: true}))
+	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "pool created: the Ready pod it selects", "127.0.0.2:8000")
 
 	steps := []struct {
@@ -147,36 +131,36 @@ func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 		want []string
 	}{
 		{"a pod turns Ready", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "b", kubetest.PodStatus{IP: "127.0.0.3", Ready: true})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "b", kubetest.PodStatus{IP: "127.0.0.3", Ready: true})
 		}, []string{"127.0.0.2:8000", "127.0.0.3:8000"}},
 		{"a pod turns unready", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.2"})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.2"})
 		}, []string{"127.0.0.3:8000"}},
 		{"a pod comes back with another IP", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.5", Ready: true})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.5", Ready: true})
 		}, []string{"127.0.0.3:8000", "127.0.0.5:8000"}},
 		{"a pod changes IP while Ready", func() error {
-			return kubetest.SetPodStatus(e.ctx, e.client, e.ns, "a", kubetest.PodStatus{IP: "127.0.0.6", Ready: true})
+			return kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.6", Ready: true})
 		}, []string{"127.0.0.3:8000", "127.0.0.6:8000"}},
 		{"a terminating pod leaves while still Ready", func() error {
-			return e.client.CoreV1().Pods(e.ns).Delete(e.ctx, "b", metav1.DeleteOptions{})
+			return e.Client.CoreV1().Pods(e.NS).Delete(e.Ctx, "b", metav1.DeleteOptions{})
 		}, []string{"127.0.0.6:8000"}},
 		{"its deletion changes nothing more", func() error {
-			return kubetest.DeletePodNow(e.ctx, e.client, e.ns, "b")
+			return kubetest.DeletePodNow(e.Ctx, e.Client, e.NS, "b")
 		}, []string{"127.0.0.6:8000"}},
 		{"a pod that loses the labels leaves", func() error {
-			return kubetest.SetPodLabels(e.ctx, e.client, e.ns, "a", map[string]string{"app": "vllm-old"})
+			return kubetest.SetPodLabels(e.Ctx, e.Client, e.NS, "a", map[string]string{"app": "vllm-old"})
 		}, nil},
 		{"and returns when it gets them back", func() error {
-			return kubetest.SetPodLabels(e.ctx, e.client, e.ns, "a", vllm)
+			return kubetest.SetPodLabels(e.Ctx, e.Client, e.NS, "a", vllm)
 		}, []string{"127.0.0.6:8000"}},
 		{"a second target port doubles the endpoints", func() error {
 			pool.Ports = []int32{8000, 8001}
-			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+			return kubetest.ApplyPool(e.Ctx, e.Dyn, pool)
 		}, []string{"127.0.0.6:8000", "127.0.0.6:8001"}},
 		{"a changed port replaces the old one", func() error {
 			pool.Ports = []int32{8002}
-			return kubetest.ApplyPool(e.ctx, e.dyn, pool)
+			return kubetest.ApplyPool(e.Ctx, e.Dyn, pool)
 		}, []string{"127.0.0.6:8002"}},
 	}
 	for _, s := range steps {
@@ -187,7 +171,7 @@ func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 	// A selector change swaps the pod watch; the old members stay until the new ones are known.
 	before := len(rec.history())
 	pool.MatchLabels = other
-	e.do(t, "selector", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	e.do(t, "selector", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "the selector changes", "127.0.0.4:8002")
 	for _, m := range rec.history()[before:] {
 		if len(m) == 0 {
@@ -195,26 +179,26 @@ func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 		}
 	}
 
-	e.do(t, "pool", kubetest.DeletePool(e.ctx, e.dyn, pool))
+	e.do(t, "pool", kubetest.DeletePool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "the pool is deleted")
 	pool.MatchLabels = vllm
-	e.do(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "the pool is created again", "127.0.0.6:8002")
 }
 
 func TestWatcherReadsV1Alpha2Pools(t *testing.T) {
 	e := newEnv(t)
 	labels := map[string]string{"app": "sglang"}
-	e.do(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "s", labels, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
-	pool := kubetest.Pool{Group: inferencepool.GroupV1Alpha2, Namespace: e.ns, Name: "old", MatchLabels: labels, Ports: []int32{30000}}
-	e.do(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	e.do(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "s", labels, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
+	pool := kubetest.Pool{Group: inferencepool.GroupV1Alpha2, Namespace: e.NS, Name: "old", MatchLabels: labels, Ports: []int32{30000}}
+	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	// A v1 pool of the same name is not the one followed.
-	e.do(t, "v1 pool", kubetest.ApplyPool(e.ctx, e.dyn, kubetest.Pool{Namespace: e.ns, Name: "old", MatchLabels: labels, Ports: []int32{1}}))
+	e.do(t, "v1 pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "old", MatchLabels: labels, Ports: []int32{1}}))
 
-	_, rec := e.watch(t, e.c.Config(), inferencepool.GroupV1Alpha2, "old")
+	_, rec := e.watch(t, e.Cluster.Config(), inferencepool.GroupV1Alpha2, "old")
 	rec.wait(t, "v1alpha2 pool", "127.0.0.7:30000")
 	pool.Ports = []int32{30001}
-	e.do(t, "port", kubetest.ApplyPool(e.ctx, e.dyn, pool))
+	e.do(t, "port", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "v1alpha2 port change", "127.0.0.7:30001")
 }
 
@@ -223,31 +207,31 @@ func TestWatcherReadsV1Alpha2Pools(t *testing.T) {
 func TestWatcherNeedsOnlyNamespacedReadRights(t *testing.T) {
 	e := newEnv(t)
 	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "picker", Namespace: e.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "picker", Namespace: e.NS},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{inferencepool.GroupV1}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
 		},
 	}
-	_, err := e.client.RbacV1().Roles(e.ns).Create(e.ctx, role, metav1.CreateOptions{})
+	_, err := e.Client.RbacV1().Roles(e.NS).Create(e.Ctx, role, metav1.CreateOptions{})
 	e.do(t, "role", err)
-	_, err = e.client.RbacV1().RoleBindings(e.ns).Create(e.ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "picker", Namespace: e.ns},
+	_, err = e.Client.RbacV1().RoleBindings(e.NS).Create(e.Ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "picker", Namespace: e.NS},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "picker"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "picker", Namespace: e.ns}},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "picker", Namespace: e.NS}},
 	}, metav1.CreateOptions{})
 	e.do(t, "binding", err)
 
 	labels := map[string]string{"app": "vllm"}
-	e.do(t, "pod", kubetest.CreatePod(e.ctx, e.client, e.ns, "a", labels, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.do(t, "pool", kubetest.ApplyPool(e.ctx, e.dyn, kubetest.Pool{Namespace: e.ns, Name: "p", MatchLabels: labels, Ports: []int32{8000}}))
+	e.do(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", labels, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "p", MatchLabels: labels, Ports: []int32{8000}}))
 
-	sa := e.c.ImpersonatingConfig(e.ns, "picker")
+	sa := e.Cluster.ImpersonatingConfig(e.NS, "picker")
 	_, rec := e.watch(t, sa, inferencepool.GroupV1, "p")
 	rec.wait(t, "as the picker's service account", "127.0.0.2:8000")
 
 	// The same account cannot read another namespace: the rights are not cluster-wide.
-	if _, err := kubernetes.NewForConfigOrDie(sa).CoreV1().Pods("default").List(e.ctx, metav1.ListOptions{}); err == nil {
+	if _, err := kubernetes.NewForConfigOrDie(sa).CoreV1().Pods("default").List(e.Ctx, metav1.ListOptions{}); err == nil {
 		t.Fatal("the service account lists pods outside its namespace")
 	}
 }
