@@ -88,7 +88,7 @@ func (f *Filter) Filter(_ context.Context, req *router.Request, eps []*router.En
 			// Keep the full ones at the front, so that dropping them is one reslice.
 			out[full], out[len(out)-1] = out[len(out)-1], out[full]
 			full++
-		} else if m == nil || !m.HasQueue || m.Waiting == 0 {
+		} else if !queues(m) {
 			idle = true
 		}
 	}
@@ -106,6 +106,8 @@ func (f *Filter) saturated(e *router.Endpoint, m *router.Metrics) bool {
 }
 
 func (f *Filter) memoryBound(m *router.Metrics) bool {
-	return f.p.MaxKVCacheUsage > 0 && m != nil && m.HasKVUsage && m.HasQueue &&
-		m.KVUsage >= f.p.MaxKVCacheUsage && m.Waiting > 0
+	return f.p.MaxKVCacheUsage > 0 && queues(m) && m.HasKVUsage && m.KVUsage >= f.p.MaxKVCacheUsage
 }
+
+// queues reports whether a fresh scrape shows requests waiting (no scrape: not known to).
+func queues(m *router.Metrics) bool { return m != nil && m.HasQueue && m.Waiting > 0 }
