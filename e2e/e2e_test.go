@@ -157,33 +157,12 @@ func TestSharedSystemPromptMakesNoHotSpot(t *testing.T) {
 		concurrency = 32
 	)
 	system := "You are the support assistant of a large company. " + words("shared system prompt", 1200)
-	counts := map[string]int{}
-	var mu sync.Mutex
-	sem := make(chan struct{}, concurrency)
-	var wg sync.WaitGroup
-	for i := range requests {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			a, err := c.client.chat(context.Background(), []message{
-				{Role: "system", Content: system},
-				{Role: "user", Content: fmt.Sprintf("Question %d: %s", i, words(fmt.Sprint("q", i), 30))},
-			}, false, 48)
-			if err == nil && a.status != http.StatusOK {
-				err = fmt.Errorf("status %d: %.200s", a.status, a.raw)
-			}
-			if err != nil {
-				t.Errorf("request %d: %v", i, err)
-				return
-			}
-			mu.Lock()
-			counts[a.servedBy]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	counts := servedCounts(t, c, requests, concurrency, 48, func(i int) []message {
+		return []message{
+			{Role: "system", Content: system},
+			{Role: "user", Content: fmt.Sprintf("Question %d: %s", i, words(fmt.Sprint("q", i), 30))},
+		}
+	})
 	t.Logf("requests per server: %v", counts)
 	// The stated bound: each server gets between 1/8 and 1/2 of the requests (an even spread is
 	// 1/4). Without the load guard the server that cached the prompt first takes all of them.
@@ -313,32 +292,9 @@ func TestSlowEndpointGetsLessTraffic(t *testing.T) {
 		requests    = 96
 		concurrency = 12
 	)
-	counts := map[string]int{}
-	var mu sync.Mutex
-	sem := make(chan struct{}, concurrency)
-	var wg sync.WaitGroup
-	for i := range requests {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			a, err := c.client.chat(context.Background(), []message{
-				{Role: "user", Content: fmt.Sprintf("Request %d: %s", i, words(fmt.Sprint("slow", i), 60))},
-			}, false, 32)
-			if err == nil && a.status != http.StatusOK {
-				err = fmt.Errorf("status %d: %.200s", a.status, a.raw)
-			}
-			if err != nil {
-				t.Errorf("request %d: %v", i, err)
-				return
-			}
-			mu.Lock()
-			counts[a.servedBy]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	counts := servedCounts(t, c, requests, concurrency, 32, func(i int) []message {
+		return []message{{Role: "user", Content: fmt.Sprintf("Request %d: %s", i, words(fmt.Sprint("slow", i), 60))}}
+	})
 	t.Logf("requests per server (slow: %s): %v", c.sims[0].addr, counts)
 	slow := counts[c.sims[0].addr]
 	for _, s := range c.sims[1:] {
@@ -472,4 +428,35 @@ func TestPickerRestart(t *testing.T) {
 	if bad := slices.DeleteFunc(statuses, func(s int) bool { return s == http.StatusOK || s == http.StatusServiceUnavailable }); len(bad) > 0 {
 		t.Errorf("statuses while the gateway reconnected: %v, want only 503 then 200", bad)
 	}
+}
+
+// servedCounts sends n non-streamed chats (msgs(i) for request i), at most concurrency at a time,
+// and returns how many each simulator served; a request that fails is a test error.
+func servedCounts(t *testing.T, c *cluster, n, concurrency, maxTokens int, msgs func(i int) []message) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	var mu sync.Mutex
+	sem := make(chan struct{}, concurrency)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			a, err := c.client.chat(context.Background(), msgs(i), false, maxTokens)
+			if err == nil && a.status != http.StatusOK {
+				err = fmt.Errorf("status %d: %.200s", a.status, a.raw)
+			}
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			counts[a.servedBy]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return counts
 }
