@@ -41,13 +41,6 @@ type env struct{ *kubetest.Env }
 
 func newEnv(t *testing.T) *env { return &env{cluster.Env(t)} }
 
-func (e *env) must(t *testing.T, what string, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 // servers are model-server stand-ins on loopback addresses: they answer the picker's health
 // probes (GET /health), 200 unless told otherwise.
 type servers struct {

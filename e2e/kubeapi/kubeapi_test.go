@@ -56,8 +56,8 @@ func TestRoutingAndReadinessFollowThePool(t *testing.T) {
 		t.Fatalf("request with no pool went to %q, want 503", got)
 	}
 
-	e.must(t, "pod a", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "pod a", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	waitReady(t, p, "the pool has a Ready pod", serving)
 	p.waitRoutes(t, "one Ready pod", 6, addr("127.0.0.2", p1))
 
@@ -104,7 +104,7 @@ func TestRoutingAndReadinessFollowThePool(t *testing.T) {
 		}, nil},
 	}
 	for _, s := range steps {
-		e.must(t, s.name, s.act())
+		e.Must(t, s.name, s.act())
 		if s.want == nil {
 			waitReady(t, p, s.name, notServing)
 			if got := p.route(t, s.name); got != "503" {
@@ -121,8 +121,8 @@ func TestRemovedEndpointsLeaveTheIndex(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.2", "127.0.0.3"}, 1)
 	pool := kubetest.Pool{Namespace: e.NS, Name: "p", MatchLabels: vllm, Ports: ports}
-	e.must(t, "pod a", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "pod a", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	p := startPicker(t, e, pickerOpts{pool: "p"})
 	waitReady(t, p, "ready", serving)
 	p.waitRoutes(t, "everything goes to a", 8, addr("127.0.0.2", ports[0]))
@@ -131,8 +131,8 @@ func TestRemovedEndpointsLeaveTheIndex(t *testing.T) {
 	}
 
 	// a leaves, b joins: a's entries go with it, and b has none until it is routed to.
-	e.must(t, "a unready", kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.2"}))
-	e.must(t, "pod b", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true}))
+	e.Must(t, "a unready", kubetest.SetPodStatus(e.Ctx, e.Client, e.NS, "a", kubetest.PodStatus{IP: "127.0.0.2"}))
+	e.Must(t, "pod b", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3", Ready: true}))
 	eventually(t, "a's index entries are freed", func() string {
 		m, err := p.metrics.Scrape(context.Background())
 		if err != nil {
@@ -149,21 +149,21 @@ func TestV1Alpha2Pool(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.6"}, 2)
 	pool := kubetest.Pool{Group: inferencepool.GroupV1Alpha2, Namespace: e.NS, Name: "old", MatchLabels: vllm, Ports: ports[:1]}
-	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.6", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.6", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	p := startPicker(t, e, pickerOpts{pool: "old", group: inferencepool.GroupV1Alpha2})
 	waitReady(t, p, "ready", serving)
 	p.waitRoutes(t, "v1alpha2 pool", 4, addr("127.0.0.6", ports[0]))
 	pool.Ports = ports[1:]
-	e.must(t, "port", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "port", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	p.waitRoutes(t, "v1alpha2 targetPortNumber change", 4, addr("127.0.0.6", ports[1]))
 }
 
 func TestOnlyTheLeaderIsReadyAndAFollowerTakesOver(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.7"}, 1)
-	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "ha", MatchLabels: vllm, Ports: ports}))
+	e.Must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "ha", MatchLabels: vllm, Ports: ports}))
 	a := startPicker(t, e, pickerOpts{pool: "ha", leader: true})
 	b := startPicker(t, e, pickerOpts{pool: "ha", leader: true})
 
@@ -210,8 +210,8 @@ func TestOnlyTheLeaderIsReadyAndAFollowerTakesOver(t *testing.T) {
 func TestBinaryTakesTheReferenceChartsFlags(t *testing.T) {
 	e := newEnv(t)
 	_, ports := serve(t, []string{"127.0.0.8"}, 1)
-	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.8", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "chart", MatchLabels: vllm, Ports: ports}))
+	e.Must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.8", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "chart", MatchLabels: vllm, Ports: ports}))
 
 	root, err := pickerproc.ModuleRoot()
 	if err != nil {

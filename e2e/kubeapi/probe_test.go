@@ -16,13 +16,13 @@ func TestAReadyPodWaitsForItsFirstGoodProbe(t *testing.T) {
 	s, ports := serve(t, []string{"127.0.0.9", "127.0.0.10"}, 1)
 	good, bad := addr("127.0.0.9", ports[0]), addr("127.0.0.10", ports[0])
 	s.setHealth(bad, http.StatusServiceUnavailable)
-	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "good", vllm, kubetest.PodStatus{IP: "127.0.0.9", Ready: true}))
-	e.must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "probe", MatchLabels: vllm, Ports: ports}))
+	e.Must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "good", vllm, kubetest.PodStatus{IP: "127.0.0.9", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "probe", MatchLabels: vllm, Ports: ports}))
 	p := startPicker(t, e, pickerOpts{pool: "probe", unhealthyThreshold: 1000})
 	waitReady(t, p, "ready", serving)
 	p.waitRoutes(t, "the healthy pod", 4, good)
 
-	e.must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "bad", vllm, kubetest.PodStatus{IP: "127.0.0.10", Ready: true}))
+	e.Must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "bad", vllm, kubetest.PodStatus{IP: "127.0.0.10", Ready: true}))
 	eventually(t, "the failing pod joins the pool", func() string {
 		if n := p.metric(t, "kvpick_pool_endpoints"); n != 2 {
 			return fmt.Sprintf("%v endpoints", n)

@@ -402,3 +402,11 @@ func (s *Shared) Env(t testing.TB) *Env {
 	e.NS = Namespace(t, e.Client)
 	return e
 }
+
+// Must fails the test at once when err, the outcome of step what, is not nil.
+func (e *Env) Must(t testing.TB, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}

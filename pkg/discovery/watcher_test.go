@@ -100,13 +100,6 @@ func (e *env) watch(t *testing.T, cfg *rest.Config, group, name string) (*Watche
 	return w, rec
 }
 
-func (e *env) do(t *testing.T, what string, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 	e := newEnv(t)
 	vllm := map[string]string{"app": "vllm"}
@@ -119,10 +112,10 @@ func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 		t.Fatal("not synced after publishing the pool's absence")
 	}
 
-	e.do(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.do(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3"}))
-	e.do(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "c", other, kubetest.PodStatus{IP: "127.0.0.4", Ready: true}))
-	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", vllm, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.Must(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "b", vllm, kubetest.PodStatus{IP: "127.0.0.3"}))
+	e.Must(t, "pods", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "c", other, kubetest.PodStatus{IP: "127.0.0.4", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "pool created: the Ready pod it selects", "127.0.0.2:8000")
 
 	steps := []struct {
@@ -164,14 +157,14 @@ func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 		}, []string{"127.0.0.6:8002"}},
 	}
 	for _, s := range steps {
-		e.do(t, s.name, s.act())
+		e.Must(t, s.name, s.act())
 		rec.wait(t, s.name, s.want...)
 	}
 
 	// A selector change swaps the pod watch; the old members stay until the new ones are known.
 	before := len(rec.history())
 	pool.MatchLabels = other
-	e.do(t, "selector", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "selector", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "the selector changes", "127.0.0.4:8002")
 	for _, m := range rec.history()[before:] {
 		if len(m) == 0 {
@@ -179,26 +172,26 @@ func TestWatcherFollowsPodsAndThePool(t *testing.T) {
 		}
 	}
 
-	e.do(t, "pool", kubetest.DeletePool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "pool", kubetest.DeletePool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "the pool is deleted")
 	pool.MatchLabels = vllm
-	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "the pool is created again", "127.0.0.6:8002")
 }
 
 func TestWatcherReadsV1Alpha2Pools(t *testing.T) {
 	e := newEnv(t)
 	labels := map[string]string{"app": "sglang"}
-	e.do(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "s", labels, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
+	e.Must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "s", labels, kubetest.PodStatus{IP: "127.0.0.7", Ready: true}))
 	pool := kubetest.Pool{Group: inferencepool.GroupV1Alpha2, Namespace: e.NS, Name: "old", MatchLabels: labels, Ports: []int32{30000}}
-	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	// A v1 pool of the same name is not the one followed.
-	e.do(t, "v1 pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "old", MatchLabels: labels, Ports: []int32{1}}))
+	e.Must(t, "v1 pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "old", MatchLabels: labels, Ports: []int32{1}}))
 
 	_, rec := e.watch(t, e.Cluster.Config(), inferencepool.GroupV1Alpha2, "old")
 	rec.wait(t, "v1alpha2 pool", "127.0.0.7:30000")
 	pool.Ports = []int32{30001}
-	e.do(t, "port", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
+	e.Must(t, "port", kubetest.ApplyPool(e.Ctx, e.Dyn, pool))
 	rec.wait(t, "v1alpha2 port change", "127.0.0.7:30001")
 }
 
@@ -214,17 +207,17 @@ func TestWatcherNeedsOnlyNamespacedReadRights(t *testing.T) {
 		},
 	}
 	_, err := e.Client.RbacV1().Roles(e.NS).Create(e.Ctx, role, metav1.CreateOptions{})
-	e.do(t, "role", err)
+	e.Must(t, "role", err)
 	_, err = e.Client.RbacV1().RoleBindings(e.NS).Create(e.Ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "picker", Namespace: e.NS},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "picker"},
 		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "picker", Namespace: e.NS}},
 	}, metav1.CreateOptions{})
-	e.do(t, "binding", err)
+	e.Must(t, "binding", err)
 
 	labels := map[string]string{"app": "vllm"}
-	e.do(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", labels, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
-	e.do(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "p", MatchLabels: labels, Ports: []int32{8000}}))
+	e.Must(t, "pod", kubetest.CreatePod(e.Ctx, e.Client, e.NS, "a", labels, kubetest.PodStatus{IP: "127.0.0.2", Ready: true}))
+	e.Must(t, "pool", kubetest.ApplyPool(e.Ctx, e.Dyn, kubetest.Pool{Namespace: e.NS, Name: "p", MatchLabels: labels, Ports: []int32{8000}}))
 
 	sa := e.Cluster.ImpersonatingConfig(e.NS, "picker")
 	_, rec := e.watch(t, sa, inferencepool.GroupV1, "p")
