@@ -1198,3 +1198,88 @@ func TestLoadDoesNotAllocate(t *testing.T) {
 		t.Errorf("load %+v", l)
 	}
 }
+
+// lateClock fires every timer with a delay late after its time, as a real clock's timers fire
+// on a busy host (kicks of an idle engine, d = 0, stay on time).
+type lateClock struct {
+	*VirtualClock
+	late time.Duration
+}
+
+func (c lateClock) AfterFunc(d time.Duration, f func()) Timer {
+	if d > 0 {
+		d += c.late
+	}
+	return c.VirtualClock.AfterFunc(d, f)
+}
+
+// Timers that fire late cost the engine no throughput: each step starts where the previous one
+// ended, not when its timer fired, so the requests' simulated times are those of an on-time
+// clock; and no request is admitted into a step that began before it arrived.
+func TestLateTimersCostNoThroughput(t *testing.T) {
+	type arrival struct {
+		at  time.Duration
+		req Request
+	}
+	var together, staggered []arrival
+	for i := range 12 {
+		r := Request{ID: fmt.Sprint(i), Prompt: append(seqTokens(1, 64), seqTokens(uint32(i+1)*1000, 40+i*7)...), MaxTokens: 20 + i}
+		together = append(together, arrival{0, r})
+		staggered = append(staggered, arrival{time.Duration(i) * 3500 * time.Microsecond, r})
+	}
+	runWith := func(t *testing.T, late time.Duration, arrivals []arrival) map[string]Result {
+		t.Helper()
+		vc := NewVirtualClock(t0)
+		e, err := New(stepConfig(), lateClock{vc, late})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := newRecorder()
+		for _, a := range arrivals {
+			vc.AdvanceTo(t0.Add(a.at))
+			submit(t, e, rec, a.req)
+		}
+		vc.RunUntilIdle()
+		rec.check(t)
+		out := map[string]Result{}
+		for _, a := range arrivals {
+			r, ok := rec.get(a.req.ID)
+			if !ok {
+				t.Fatalf("request %s not done", a.req.ID)
+			}
+			if r.PrefillStart.Before(r.Arrival) {
+				t.Errorf("request %s: prefill began at %v, before its arrival at %v", r.ID, r.PrefillStart.Sub(t0), r.Arrival.Sub(t0))
+			}
+			out[r.ID] = r
+		}
+		return out
+	}
+	lastEnd := func(rs map[string]Result) time.Time {
+		var end time.Time
+		for _, r := range rs {
+			if r.End.After(end) {
+				end = r.End
+			}
+		}
+		return end
+	}
+	t.Run("arriving together: the same times as on time", func(t *testing.T) {
+		onTime, late := runWith(t, 0, together), runWith(t, 700*time.Microsecond, together)
+		for id, want := range onTime {
+			got := late[id]
+			if !got.PrefillStart.Equal(want.PrefillStart) || !got.FirstToken.Equal(want.FirstToken) || !got.End.Equal(want.End) {
+				t.Errorf("request %s with late timers: prefill %v, first token %v, end %v; on time %v, %v, %v", id,
+					got.PrefillStart.Sub(t0), got.FirstToken.Sub(t0), got.End.Sub(t0),
+					want.PrefillStart.Sub(t0), want.FirstToken.Sub(t0), want.End.Sub(t0))
+			}
+		}
+	})
+	t.Run("staggered: arrivals wait for the next step, the work ends as soon", func(t *testing.T) {
+		onTime, late := runWith(t, 0, staggered), runWith(t, 700*time.Microsecond, staggered)
+		// Late timers shift no step but the last one's delivery: the work ends when it does on
+		// time, give or take one step's lateness where an arrival fell into a late window.
+		if d := lastEnd(late).Sub(lastEnd(onTime)); d < -700*time.Microsecond || d > 700*time.Microsecond {
+			t.Errorf("the last request ends %v after the on-time run's (late timers cost throughput)", d)
+		}
+	})
+}
