@@ -33,7 +33,9 @@
 // # Scheduler (vLLM V1's Scheduler.schedule, chunked prefill on)
 //
 // The engine runs steps back to back while it has work, one clock timer
-// per step. Each step has a budget of MaxNumBatchedTokens tokens, spent in
+// per step; a step starts at the previous one's end even when its timer
+// fires late (a real clock on a busy host), and admits only requests that
+// had arrived by then. Each step has a budget of MaxNumBatchedTokens tokens, spent in
 // vLLM's order:
 //
 //  1. Running requests, in the order they were admitted: one that is
