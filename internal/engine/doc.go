@@ -35,8 +35,8 @@
 // The engine runs steps back to back while it has work, one clock timer
 // per step; a step starts at the previous one's end even when its timer
 // fires late (a real clock on a busy host), and admits only requests that
-// had arrived by then. Each step has a budget of MaxNumBatchedTokens tokens, spent in
-// vLLM's order:
+// had arrived by then. Each step has a budget of MaxNumBatchedTokens
+// tokens, spent in vLLM's order:
 //
 //  1. Running requests, in the order they were admitted: one that is
 //     decoding takes 1 token; one whose prompt is not yet computed (a long
